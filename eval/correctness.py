@@ -1,0 +1,72 @@
+"""Output checks: type, shape, dtype, device, NaN/Inf, then |sol - ref| <= atol + rtol·|ref|.
+
+Each verdict explains itself (max abs and rel error, bad-element count, worst index, the
+tolerance used) and carries the normalised error ‖sol − ref‖ / ‖ref‖, which the site shows
+beside pass/fail because it says how close a kernel is, not only whether it cleared the bar.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    message: str
+    rel_err: float | None = None  # ‖sol − ref‖₂ / ‖ref‖₂ in fp64; None when shapes differ
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """'torch.bfloat16' -> 'bfloat16', the spelling problem.yaml tolerances use."""
+    return str(dtype).removeprefix("torch.")
+
+
+def check_type(ref: torch.Tensor, out: object) -> str | None:
+    """Why `out` cannot stand for `ref` (not a plain tensor, wrong shape/dtype/device), or None."""
+    if type(out) is not torch.Tensor:
+        return f"output must be a plain torch.Tensor, got {type(out).__module__}.{type(out).__qualname__}"
+    if out.shape != ref.shape:
+        return f"output shape {tuple(out.shape)} != expected {tuple(ref.shape)}"
+    if out.dtype != ref.dtype:
+        return f"output dtype {dtype_name(out.dtype)} != expected {dtype_name(ref.dtype)}"
+    if out.device != ref.device:
+        return f"output device {out.device} != expected {ref.device}"
+    return None
+
+
+def compare(ref: torch.Tensor, out: object, atol: float, rtol: float) -> Verdict:
+    """Check `out` against `ref` under (atol, rtol); exact equality when both are 0."""
+    problem = check_type(ref, out)
+    if problem:
+        return Verdict(False, problem)
+    assert isinstance(out, torch.Tensor)  # narrowed by check_type; never fires
+    if out.is_floating_point():
+        if torch.isnan(out).any():
+            return Verdict(False, f"output has {int(torch.isnan(out).sum())} NaN values")
+        if torch.isinf(out).any():
+            return Verdict(False, f"output has {int(torch.isinf(out).sum())} Inf values")
+    r64, o64 = ref.double(), out.double()
+    diff = (o64 - r64).abs()
+    ref_norm = float(torch.linalg.vector_norm(r64))
+    diff_norm = float(torch.linalg.vector_norm(o64 - r64))
+    rel_err = diff_norm / ref_norm if ref_norm > 0 else (0.0 if diff_norm == 0 else float("inf"))
+    if atol == 0 and rtol == 0:
+        ok_mask = o64 == r64
+    else:
+        ok_mask = diff <= atol + rtol * r64.abs()
+    n_bad = int((~ok_mask).sum())
+    if n_bad == 0:
+        return Verdict(True, "ok", rel_err)
+    worst = int(torch.argmax(torch.where(ok_mask, torch.zeros_like(diff), diff)))
+    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), out.shape))
+    max_rel = float((diff / r64.abs().clamp_min(1e-30)).max())
+    return Verdict(
+        False,
+        f"{n_bad} of {out.numel()} elements out of tolerance (atol={atol:g}, rtol={rtol:g}); "
+        f"max abs diff {float(diff.max()):.4g}, max rel diff {max_rel:.4g}, worst at {idx}: "
+        f"got {float(o64[idx]):.6g}, expected {float(r64[idx]):.6g}; ‖d‖/‖ref‖={rel_err:.3g}",
+        rel_err,
+    )

@@ -1,0 +1,221 @@
+"""Problem decks: `eval/decks/<bench>/<NN_problem>/problem.yaml` loaded and validated (no torch).
+
+A problem folder holds `problem.yaml` (shapes, regime, formulas, tolerances, stress cases,
+forbidden substrings), `reference.py` (the oracle, KernelBench-Hard's module interface) and
+`README.md` (rendered by the site). Every malformed field is reported with the file and key.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kernelboard.errors import DeckError
+
+from .schema import REGIMES
+
+#: Default tolerances per output dtype (atol, rtol), KernelBench-Hard's table; ints are exact.
+DEFAULT_TOLERANCE: dict[str, tuple[float, float]] = {
+    "float32": (1e-4, 1e-4),
+    "float16": (1e-2, 1e-2),
+    "bfloat16": (1e-2, 1e-2),
+    "float8_e4m3fn": (0.1, 0.1),
+    "float8_e5m2": (0.1, 0.1),
+    "int8": (0.0, 0.0),
+    "int32": (0.0, 0.0),
+    "int64": (0.0, 0.0),
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One size of a problem: `params` are the shape keys the formulas and globals use."""
+
+    idx: int
+    label: str
+    params: dict[str, int]
+
+    @property
+    def params_json(self) -> str:
+        return json.dumps(self.params, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class StressCase:
+    """Inputs at `scale[position]` × their nominal values, graded with `tolerance` overrides."""
+
+    name: str
+    scale: dict[int, float]
+    tolerance: dict[str, tuple[float, float]]
+
+
+@dataclass(frozen=True)
+class Problem:
+    bench: str
+    name: str
+    display_name: str
+    folder: Path
+    regime: str
+    precision: str
+    peak_tflops_key: str
+    flops_formula: str
+    bytes_formula: str
+    shape_globals: dict[str, str]
+    shapes: tuple[Shape, ...]
+    cpu_shapes: tuple[Shape, ...]
+    seeds: tuple[int, ...]
+    tolerance: dict[str, tuple[float, float]]
+    numeric_stress: tuple[StressCase, ...]
+    forbidden: tuple[str, ...]
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @property
+    def reference_path(self) -> Path:
+        return self.folder / "reference.py"
+
+    def shapes_for(self, device: str) -> tuple[Shape, ...]:
+        return self.cpu_shapes if device == "cpu" else self.shapes
+
+    def flops(self, shape: Shape) -> float:
+        return evaluate_formula(self.flops_formula, shape.params)
+
+    def bytes_moved(self, shape: Shape) -> float:
+        return evaluate_formula(self.bytes_formula, shape.params)
+
+    def tolerance_for(self, dtype: str, case: StressCase | None = None) -> tuple[float, float]:
+        """(atol, rtol) for an output dtype name such as 'bfloat16', a stress case's first."""
+        for table in ((case.tolerance if case else {}), self.tolerance, DEFAULT_TOLERANCE):
+            if dtype in table:
+                return table[dtype]
+        return DEFAULT_TOLERANCE["float32"]
+
+
+_FORMULA_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Name, ast.Load, ast.Constant, ast.Add,
+                  ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.USub, ast.UAdd)
+
+
+def evaluate_formula(formula: str, params: dict[str, int]) -> float:
+    """Evaluate an arithmetic formula over shape keys; names and operators only, no calls."""
+    tree = ast.parse(formula, mode="eval")
+    for node in ast.walk(tree):
+        if not isinstance(node, _FORMULA_NODES):
+            raise ValueError(f"formula {formula!r}: {type(node).__name__} is not allowed")
+        if isinstance(node, ast.Name) and node.id not in params:
+            raise ValueError(f"formula {formula!r}: unknown name {node.id!r}; shape keys: {sorted(params)}")
+    value = eval(compile(tree, "<formula>", "eval"), {"__builtins__": {}}, dict(params))  # noqa: S307
+    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise ValueError(f"formula {formula!r} gave {value!r}, expected a positive number")
+    return float(value)
+
+
+class _Fields:
+    """Typed access to one YAML mapping that reports bad keys as 'file: key: expected …'."""
+
+    def __init__(self, data: Any, where: str) -> None:
+        if not isinstance(data, dict):
+            raise DeckError(f"{where}: expected a mapping, got {type(data).__name__}")
+        self.data, self.where = data, where
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+        if key not in self.data:
+            if default is ...:
+                raise DeckError(f"{self.where}: missing key '{key}'")
+            return default
+        value = self.data[key]
+        if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            raise DeckError(f"{self.where}: key '{key}': expected {names}, got {value!r}")
+        return value
+
+
+def _tolerances(data: Any, where: str) -> dict[str, tuple[float, float]]:
+    out = {}
+    for dtype, spec in _Fields(data, where).data.items():
+        if isinstance(spec, int | float):
+            out[str(dtype)] = (float(spec), float(spec))
+            continue
+        f = _Fields(spec, f"{where}.{dtype}")
+        out[str(dtype)] = (float(f.get("atol", (int, float))), float(f.get("rtol", (int, float))))
+    return out
+
+
+def _shapes(items: Any, where: str, globals_: dict[str, str]) -> tuple[Shape, ...]:
+    if not isinstance(items, list) or not items:
+        raise DeckError(f"{where}: expected a non-empty list of shapes")
+    shapes = []
+    for i, item in enumerate(items):
+        f = _Fields(item, f"{where}[{i}]")
+        params = f.get("params", dict)
+        if set(params) != set(globals_):
+            raise DeckError(f"{where}[{i}].params: expected keys {sorted(globals_)}, got {sorted(params)}")
+        for key, value in params.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise DeckError(f"{where}[{i}].params.{key}: expected a positive integer, got {value!r}")
+        shapes.append(Shape(i, f.get("label", str), dict(params)))
+    return tuple(shapes)
+
+
+def load_problem(folder: Path) -> Problem:
+    """Load one problem folder; raise `DeckError` naming the file and key on any mistake."""
+    path = folder / "problem.yaml"
+    if not path.is_file():
+        raise DeckError(f"{folder}: no problem.yaml")
+    if not (folder / "reference.py").is_file():
+        raise DeckError(f"{folder}: no reference.py")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise DeckError(f"{path}: not valid YAML ({exc})") from None
+    f = _Fields(data, str(path))
+    name = f.get("name", str)
+    if name != folder.name:
+        raise DeckError(f"{path}: key 'name': expected the folder name {folder.name!r}, got {name!r}")
+    regime = f.get("regime", str)
+    if regime not in REGIMES:
+        raise DeckError(f"{path}: key 'regime': expected one of {', '.join(REGIMES)}, got {regime!r}")
+    globals_ = {str(k): str(v) for k, v in f.get("shape_globals", dict).items()}
+    stress = []
+    for i, item in enumerate(f.get("numeric_stress", list, [])):
+        s = _Fields(item, f"{path}: numeric_stress[{i}]")
+        scale = {int(k): float(v) for k, v in s.get("scale", dict).items()}
+        stress.append(StressCase(s.get("name", str), scale, _tolerances(s.get("tolerance", dict, {}), s.where)))
+    problem = Problem(
+        bench=f.get("bench", str),
+        name=name,
+        display_name=f.get("display_name", str),
+        folder=folder,
+        regime=regime,
+        precision=f.get("precision", str),
+        peak_tflops_key=f.get("peak_tflops_key", str),
+        flops_formula=f.get("flops_formula", str),
+        bytes_formula=f.get("bytes_formula", str),
+        shape_globals=globals_,
+        shapes=_shapes(f.get("shapes", list), f"{path}: shapes", globals_),
+        cpu_shapes=_shapes(f.get("cpu_shapes", list), f"{path}: cpu_shapes", globals_),
+        seeds=tuple(int(s) for s in f.get("seeds", list)),
+        tolerance=_tolerances(f.get("tolerance", dict, {}), f"{path}: tolerance"),
+        numeric_stress=tuple(stress),
+        forbidden=tuple(str(s) for s in f.get("forbidden", list, [])),
+        raw=data,
+    )
+    for shape in problem.shapes + problem.cpu_shapes:
+        for formula in (problem.flops_formula, problem.bytes_formula):
+            try:
+                evaluate_formula(formula, shape.params)
+            except (ValueError, SyntaxError, ZeroDivisionError) as exc:
+                raise DeckError(f"{path}: shape {shape.label!r}: {exc}") from None
+    return problem
+
+
+def load_deck(deck_dir: Path) -> dict[str, Problem]:
+    """Every problem folder of a deck, by name, in folder order."""
+    folders = sorted(p for p in deck_dir.iterdir() if (p / "problem.yaml").is_file())
+    if not folders:
+        raise DeckError(f"{deck_dir}: no problem folders (each needs a problem.yaml)")
+    return {p.name: load_problem(p) for p in folders}

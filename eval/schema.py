@@ -1,0 +1,189 @@
+"""The data contract: the parquet tables the grader writes and the site reads (pyarrow only, no torch).
+
+Five tables live under `data/results/<gpu>/`: runs, results, shapes, baselines, hardware.
+Every row carries `schema_version`; `data/README.md` documents each column. The rules that tie
+rows together (a pass has a score, a DNF is never a failure) live in `eval/tables.py`.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+#: How an agent attempt ended, before any grading. Only `completed` runs can have a solution.
+AGENT_OUTCOMES = (
+    "completed",
+    "rate_limited",
+    "provider_error",
+    "credits_exhausted",
+    "agent_timeout",
+    "early_stop",
+    "no_solution",
+    "harness_error",
+)
+
+#: Outcomes that are the infrastructure's fault, not the model's: shown as DNF, never scored 0.
+DNF_OUTCOMES = frozenset({"rate_limited", "provider_error", "credits_exhausted", "harness_error"})
+
+#: Grading verdicts. `pass` alone carries a score; `dnf` only for runs whose outcome is a DNF.
+STATUSES = (
+    "pass",
+    "wrong",
+    "build_error",
+    "runtime_error",
+    "timeout",
+    "oom",
+    "forbidden",
+    "integrity_violation",
+    "not_graded",
+    "dnf",
+)
+
+REGIMES = ("compute", "memory")
+
+#: Timers the grader knows; CPU timings are labelled as such and never compared with GPU ones.
+TIMERS = ("cuda_event", "cpu_wall")
+
+_ts = pa.timestamp("us", tz="UTC")
+
+
+def _schema(*fields: pa.Field) -> pa.Schema:
+    return pa.schema([pa.field("schema_version", pa.int16(), nullable=False), *fields])
+
+
+def _f(name: str, type_: pa.DataType, nullable: bool = True) -> pa.Field:
+    return pa.field(name, type_, nullable=nullable)
+
+
+_TIME_STATS = (
+    _f("median_ms", pa.float64()),
+    _f("p10_ms", pa.float64()),
+    _f("p90_ms", pa.float64()),
+    _f("min_ms", pa.float64()),
+    _f("iterations", pa.int32()),
+)
+
+RUNS = _schema(
+    _f("run_id", pa.string(), False),
+    _f("bench", pa.string(), False),
+    _f("problem", pa.string(), False),
+    _f("gpu", pa.string()),
+    _f("model", pa.string(), False),
+    _f("model_display", pa.string(), False),
+    _f("lab", pa.string()),
+    _f("harness", pa.string(), False),
+    _f("effort", pa.string()),
+    _f("started_at", _ts),
+    _f("agent_seconds", pa.float64()),
+    _f("input_tokens", pa.int64()),
+    _f("output_tokens", pa.int64()),
+    _f("cache_read_tokens", pa.int64()),
+    _f("cost_usd", pa.float64()),
+    _f("agent_outcome", pa.string(), False),
+    _f("outcome_note", pa.string()),
+    _f("trace_url", pa.string()),
+    _f("solution_sha256", pa.string()),
+    _f("source", pa.string(), False),
+)
+
+RESULTS = _schema(
+    _f("run_id", pa.string(), False),
+    _f("gpu", pa.string(), False),
+    _f("status", pa.string(), False),
+    _f("message", pa.string(), False),
+    _f("speedup_vs_compile", pa.float64()),
+    _f("speedup_vs_eager", pa.float64()),
+    _f("peak_fraction", pa.float64()),
+    _f("compile_variant", pa.string()),
+    _f("n_shapes", pa.int32(), False),
+    _f("timer", pa.string(), False),
+    _f("device_name", pa.string(), False),
+    _f("driver_version", pa.string()),
+    _f("cuda_version", pa.string()),
+    _f("torch_version", pa.string()),
+    _f("triton_version", pa.string()),
+    _f("python_version", pa.string()),
+    _f("graded_at", _ts, False),
+    _f("grader_version", pa.string(), False),
+    _f("seeds", pa.list_(pa.int64())),
+    _f("grade_seconds", pa.float64()),
+    _f("log_path", pa.string()),
+)
+
+SHAPES = _schema(
+    _f("run_id", pa.string(), False),
+    _f("gpu", pa.string(), False),
+    _f("shape_idx", pa.int32(), False),
+    _f("shape_label", pa.string(), False),
+    _f("shape_json", pa.string(), False),
+    *_TIME_STATS,
+    _f("tflop_s", pa.float64()),
+    _f("gb_s", pa.float64()),
+    _f("compute_fraction", pa.float64()),
+    _f("memory_fraction", pa.float64()),
+    _f("bound", pa.string()),
+    _f("peak_fraction", pa.float64()),
+    _f("eager_ms", pa.float64()),
+    _f("compile_ms", pa.float64()),
+    _f("speedup_vs_eager", pa.float64()),
+    _f("speedup_vs_compile", pa.float64()),
+    _f("max_rel_err", pa.float64()),
+)
+
+BASELINES = _schema(
+    _f("bench", pa.string(), False),
+    _f("problem", pa.string(), False),
+    _f("gpu", pa.string(), False),
+    _f("shape_idx", pa.int32(), False),
+    _f("shape_label", pa.string(), False),
+    _f("shape_json", pa.string(), False),
+    _f("variant", pa.string(), False),
+    _f("status", pa.string(), False),
+    _f("message", pa.string(), False),
+    *_TIME_STATS,
+    _f("timer", pa.string(), False),
+    _f("device_name", pa.string(), False),
+    _f("torch_version", pa.string()),
+    _f("triton_version", pa.string()),
+    _f("cuda_version", pa.string()),
+    _f("measured_at", _ts, False),
+)
+
+HARDWARE = _schema(
+    _f("gpu", pa.string(), False),
+    _f("name", pa.string(), False),
+    _f("sm", pa.string()),
+    _f("memory_gb", pa.float64()),
+    _f("l2_mb", pa.float64()),
+    _f("bandwidth_gb_s", pa.float64()),
+    _f("peak_tflop_s_fp8", pa.float64()),
+    _f("peak_tflop_s_bf16", pa.float64()),
+    _f("peak_tflop_s_fp16", pa.float64()),
+    _f("peak_tflop_s_tf32", pa.float64()),
+    _f("peak_tflop_s_fp32", pa.float64()),
+    _f("source", pa.string(), False),
+    _f("measured_copy_gb_s", pa.float64()),
+    _f("measured_bf16_tflop_s", pa.float64()),
+    _f("measured_fp8_tflop_s", pa.float64()),
+    _f("measured_at", _ts),
+)
+
+#: Table name -> (schema, key columns). A key identifies a row; rewriting a key replaces the row.
+TABLES: dict[str, tuple[pa.Schema, tuple[str, ...]]] = {
+    "runs": (RUNS, ("run_id",)),
+    "results": (RESULTS, ("run_id", "gpu")),
+    "shapes": (SHAPES, ("run_id", "gpu", "shape_idx")),
+    "baselines": (BASELINES, ("bench", "problem", "gpu", "shape_idx", "variant")),
+    "hardware": (HARDWARE, ("gpu",)),
+}
+
+#: Enumerated columns, checked on load.
+ENUMS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("runs", "agent_outcome"): AGENT_OUTCOMES,
+    ("results", "status"): STATUSES,
+    ("results", "timer"): TIMERS,
+    ("baselines", "timer"): TIMERS,
+    ("baselines", "status"): ("ok", "error"),
+    ("shapes", "bound"): REGIMES,
+}

@@ -1,0 +1,90 @@
+"""Turn a worker's raw timings into result and shape rows: speedups, roofline, geomeans (no torch).
+
+This runs in the trusted parent. The worker reports only times and verdicts; every derived
+number on the site is computed here, from the times, the cached baselines and the hardware table.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from .deck import Problem
+from .hardware import GpuSpec
+from .roofline import geomean, roofline, speedup
+
+HEADLINE_COMPILE_VARIANTS = ("compile:default", "compile:max-autotune")
+
+
+def best_compile(baselines: Mapping[str, Mapping[str, Any]]) -> tuple[str, float] | None:
+    """The fastest torch.compile variant among a shape's baselines, as (variant, median ms)."""
+    timed = [(v, row["median_ms"]) for v, row in baselines.items()
+             if v in HEADLINE_COMPILE_VARIANTS and row.get("status") == "ok"]
+    return min(timed, key=lambda item: item[1]) if timed else None
+
+
+def shape_rows(problem: Problem, spec: GpuSpec | None, run_id: str, gpu: str,
+               worker_shapes: list[dict[str, Any]],
+               baselines: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """One shapes-table row per timed shape; `baselines[shape_idx][variant]` are baseline rows."""
+    shapes = {s.idx: s for s in problem.shapes_for("cpu" if gpu == "cpu" else "cuda")}
+    rows = []
+    for ws in worker_shapes:
+        shape = shapes[ws["idx"]]
+        ms = ws["median_ms"]
+        base = baselines.get(shape.idx, {})
+        eager = base.get("eager")
+        eager_ms = eager["median_ms"] if eager and eager.get("status") == "ok" else None
+        comp = best_compile(base)
+        row: dict[str, Any] = {
+            "run_id": run_id, "gpu": gpu, "shape_idx": shape.idx, "shape_label": shape.label,
+            "shape_json": shape.params_json,
+            **{k: ws[k] for k in ("median_ms", "p10_ms", "p90_ms", "min_ms", "iterations")},
+            "eager_ms": eager_ms, "compile_ms": comp[1] if comp else None,
+            "speedup_vs_eager": speedup(eager_ms, ms) if eager_ms else None,
+            "speedup_vs_compile": speedup(comp[1], ms) if comp else None,
+            "max_rel_err": ws.get("max_rel_err"),
+            "bound": problem.regime,
+        }
+        flops, nbytes = problem.flops(shape), problem.bytes_moved(shape)
+        row["tflop_s"] = flops / (ms * 1e-3) / 1e12
+        row["gb_s"] = nbytes / (ms * 1e-3) / 1e9
+        if spec is not None:
+            r = roofline(flops, nbytes, ms, spec.peak(problem.peak_tflops_key), spec.bandwidth_gb_s,
+                         problem.regime)
+            row.update(compute_fraction=r.compute_fraction, memory_fraction=r.memory_fraction,
+                       peak_fraction=r.peak_fraction)
+        else:
+            row.update(compute_fraction=None, memory_fraction=None, peak_fraction=None)
+        rows.append(row)
+    return rows
+
+
+def result_row(*, run_id: str, gpu: str, status: str, message: str, shapes: list[dict[str, Any]],
+               env: Mapping[str, Any], timer: str, seeds: list[int] | None, grader_version: str,
+               grade_seconds: float | None, log_path: str | None, driver_version: str | None,
+               graded_at: dt.datetime) -> dict[str, Any]:
+    """The results-table row; a pass whose baselines are missing cannot be scored, so it is
+    reported as not graded rather than as a pass without a score."""
+    row: dict[str, Any] = {
+        "run_id": run_id, "gpu": gpu, "status": status, "message": message,
+        "speedup_vs_compile": None, "speedup_vs_eager": None, "peak_fraction": None,
+        "compile_variant": None, "n_shapes": len(shapes), "timer": timer,
+        "device_name": env.get("device_name") or "unknown", "driver_version": driver_version,
+        "cuda_version": env.get("cuda_version"), "torch_version": env.get("torch_version"),
+        "triton_version": env.get("triton_version"), "python_version": env.get("python_version"),
+        "graded_at": graded_at, "grader_version": grader_version, "seeds": seeds,
+        "grade_seconds": grade_seconds, "log_path": log_path,
+    }
+    if status != "pass":
+        return row
+    missing = [s["shape_idx"] for s in shapes if s["speedup_vs_compile"] is None or s["speedup_vs_eager"] is None]
+    if missing or not shapes:
+        row.update(status="not_graded", message=f"correct, but baselines are missing for shapes {missing}")
+        return row
+    row["speedup_vs_compile"] = geomean(s["speedup_vs_compile"] for s in shapes)
+    row["speedup_vs_eager"] = geomean(s["speedup_vs_eager"] for s in shapes)
+    if all(s["peak_fraction"] is not None for s in shapes):
+        row["peak_fraction"] = geomean(s["peak_fraction"] for s in shapes)
+    return row

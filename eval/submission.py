@@ -1,0 +1,160 @@
+"""Submissions: `data/submissions/<bench>/<run_id>/` = solution.py (+ sidecars) + run.yaml (no torch).
+
+`run.yaml` says who wrote the kernel and how the agent run ended; it becomes one row of the runs
+table. The solution's hash covers every file of the folder but run.yaml, so a changed sidecar
+(a .cu file, a header) makes the run ungraded again under `--resume`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kernelboard.errors import SubmissionError
+
+from .schema import AGENT_OUTCOMES
+
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+_OPTIONAL: dict[str, tuple[type, ...]] = {
+    "model_display": (str,),
+    "lab": (str,),
+    "effort": (str,),
+    "gpu": (str,),
+    "outcome_note": (str,),
+    "trace_url": (str,),
+    "started_at": (str, dt.datetime, dt.date),
+    "agent_seconds": (int, float),
+    "input_tokens": (int,),
+    "output_tokens": (int,),
+    "cache_read_tokens": (int,),
+    "cost_usd": (int, float),
+    "source": (str,),
+}
+_REQUIRED: dict[str, tuple[type, ...]] = {
+    "problem": (str,),
+    "model": (str,),
+    "harness": (str,),
+    "agent_outcome": (str,),
+}
+
+
+@dataclass(frozen=True)
+class Submission:
+    run_id: str
+    folder: Path
+    meta: dict[str, Any]
+
+    @property
+    def solution(self) -> Path:
+        return self.folder / "solution.py"
+
+    @property
+    def problem(self) -> str:
+        return self.meta["problem"]
+
+    @property
+    def has_solution(self) -> bool:
+        return self.solution.is_file()
+
+    def files(self) -> list[Path]:
+        """The solution's files (all but run.yaml and caches), sorted, for hashing and scanning."""
+        return sorted(
+            p for p in self.folder.rglob("*")
+            if p.is_file() and p.name != "run.yaml" and "__pycache__" not in p.parts
+        )
+
+    def solution_sha256(self) -> str | None:
+        if not self.has_solution:
+            return None
+        digest = hashlib.sha256()
+        for path in self.files():
+            digest.update(path.relative_to(self.folder).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+        return digest.hexdigest()
+
+    def run_row(self, bench: str) -> dict[str, Any]:
+        """This submission as a row of the runs table."""
+        m = self.meta
+        started = m.get("started_at")
+        if isinstance(started, str):
+            started = dt.datetime.fromisoformat(started.replace("Z", "+00:00"))
+        elif isinstance(started, dt.date) and not isinstance(started, dt.datetime):
+            started = dt.datetime(started.year, started.month, started.day, tzinfo=dt.UTC)
+        if isinstance(started, dt.datetime) and started.tzinfo is None:
+            started = started.replace(tzinfo=dt.UTC)
+        return {
+            "run_id": self.run_id,
+            "bench": bench,
+            "problem": m["problem"],
+            "gpu": m.get("gpu"),
+            "model": m["model"],
+            "model_display": m.get("model_display") or m["model"],
+            "lab": m.get("lab"),
+            "harness": m["harness"],
+            "effort": m.get("effort"),
+            "started_at": started,
+            "agent_seconds": _float(m.get("agent_seconds")),
+            "input_tokens": m.get("input_tokens"),
+            "output_tokens": m.get("output_tokens"),
+            "cache_read_tokens": m.get("cache_read_tokens"),
+            "cost_usd": _float(m.get("cost_usd")),
+            "agent_outcome": m["agent_outcome"],
+            "outcome_note": m.get("outcome_note"),
+            "trace_url": m.get("trace_url"),
+            "solution_sha256": self.solution_sha256(),
+            "source": m.get("source") or "local",
+        }
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def load_submission(folder: Path) -> Submission:
+    """Read and check one submission folder; raise `SubmissionError` naming the file and key."""
+    path = folder / "run.yaml"
+    if not RUN_ID_PATTERN.match(folder.name):
+        raise SubmissionError(f"{folder}: a run folder name must be letters, digits, '.', '_' or '-'")
+    if not path.is_file():
+        raise SubmissionError(f"{folder}: no run.yaml (who wrote this kernel, and how did the run end?)")
+    try:
+        meta = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SubmissionError(f"{path}: not valid YAML ({exc})") from None
+    if not isinstance(meta, dict):
+        raise SubmissionError(f"{path}: expected a mapping of keys")
+    if meta.get("run_id", folder.name) != folder.name:
+        raise SubmissionError(f"{path}: key 'run_id': expected the folder name {folder.name!r}")
+    unknown = set(meta) - set(_REQUIRED) - set(_OPTIONAL) - {"run_id"}
+    if unknown:
+        raise SubmissionError(f"{path}: unknown keys {sorted(unknown)}")
+    for key, kinds in _REQUIRED.items():
+        if key not in meta:
+            raise SubmissionError(f"{path}: missing key '{key}'")
+    for key, kinds in {**_REQUIRED, **_OPTIONAL}.items():
+        value = meta.get(key)
+        if value is not None and (not isinstance(value, kinds) or isinstance(value, bool)):
+            raise SubmissionError(f"{path}: key '{key}': expected {kinds[0].__name__}, got {value!r}")
+    if meta["agent_outcome"] not in AGENT_OUTCOMES:
+        raise SubmissionError(
+            f"{path}: key 'agent_outcome': expected one of {', '.join(AGENT_OUTCOMES)}, "
+            f"got {meta['agent_outcome']!r}"
+        )
+    if isinstance(meta.get("started_at"), str):
+        try:
+            dt.datetime.fromisoformat(meta["started_at"].replace("Z", "+00:00"))
+        except ValueError:
+            raise SubmissionError(f"{path}: key 'started_at': expected an ISO-8601 time") from None
+    return Submission(folder.name, folder, meta)
+
+
+def discover(submissions_dir: Path) -> list[Submission]:
+    """Every run folder under `submissions_dir`, sorted by run_id."""
+    return [load_submission(p) for p in sorted(submissions_dir.iterdir()) if p.is_dir()]

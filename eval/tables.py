@@ -1,0 +1,241 @@
+"""Reading, validating and atomically writing the parquet tables of `eval/schema.py`.
+
+Validation collects every problem in a table and raises one `DataError` whose lines each name
+the file, the row and the field. Writes go to a temporary file beside the target, then
+`os.replace` — an interrupted run leaves the previous table whole.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kernelboard.errors import DataError
+
+from .schema import DNF_OUTCOMES, ENUMS, SCHEMA_VERSION, TABLES
+
+_POSITIVE_TIMES = ("median_ms", "p10_ms", "p90_ms", "min_ms")
+
+
+def table_path(results_dir: Path, gpu: str, name: str) -> Path:
+    return results_dir / gpu / f"{name}.parquet"
+
+
+def _row_label(name: str, i: int, row: Mapping[str, Any]) -> str:
+    keys = TABLES[name][1]
+    ident = ", ".join(f"{k}={row.get(k)!r}" for k in keys if k in row)
+    return f"row {i} ({ident})"
+
+
+def _check_columns(name: str, table: pa.Table, where: str) -> list[str]:
+    schema, _ = TABLES[name]
+    problems = []
+    for field in schema:
+        if field.name not in table.column_names:
+            problems.append(f"{where}: missing column '{field.name}' ({field.type})")
+            continue
+        got = table.schema.field(field.name).type
+        if got != field.type and not (pa.types.is_null(got) and field.nullable):
+            problems.append(f"{where}: column '{field.name}' has type {got}, expected {field.type}")
+    return problems
+
+
+def _finite_positive(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+def _check_row(name: str, row: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Field-level rules for one row: (field, what was expected) pairs."""
+    schema, _ = TABLES[name]
+    bad: list[tuple[str, str]] = []
+    if row.get("schema_version") != SCHEMA_VERSION:
+        bad.append(("schema_version", f"expected {SCHEMA_VERSION}, got {row.get('schema_version')!r}"))
+    for field in schema:
+        if not field.nullable and row.get(field.name) is None:
+            bad.append((field.name, "a value is required, got null"))
+    for (table, column), allowed in ENUMS.items():
+        value = row.get(column)
+        if table == name and value is not None and value not in allowed:
+            bad.append((column, f"expected one of {', '.join(allowed)}; got {value!r}"))
+    for column in _POSITIVE_TIMES:
+        value = row.get(column)
+        if column in row and value is not None and not _finite_positive(value):
+            bad.append((column, f"a time must be a positive finite number of ms, got {value!r}"))
+    if name == "results":
+        bad.extend(_check_result_score(row))
+    return bad
+
+
+def _check_result_score(row: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A pass carries a score; anything else carries none (a failure is not a score of 0)."""
+    scores = ("speedup_vs_compile", "speedup_vs_eager", "peak_fraction")
+    if row.get("status") == "pass":
+        bad = []
+        for column in ("speedup_vs_compile", "speedup_vs_eager"):
+            if not _finite_positive(row.get(column)):
+                bad.append((column, f"a pass needs a positive speedup, got {row.get(column)!r}"))
+        if not (row.get("n_shapes") or 0) > 0:
+            bad.append(("n_shapes", "a pass must have graded at least one shape"))
+        pf = row.get("peak_fraction")
+        if pf is not None and not _finite_positive(pf):
+            bad.append(("peak_fraction", f"expected a positive fraction or null, got {pf!r}"))
+        return bad
+    return [
+        (column, f"status {row.get('status')!r} is not a pass, so it must carry no score; got {row[column]!r}")
+        for column in scores
+        if row.get(column) is not None
+    ]
+
+
+def validate(name: str, table: pa.Table, where: str) -> list[str]:
+    """Every problem in `table` as one line each; an empty list means the table keeps the contract."""
+    problems = _check_columns(name, table, where)
+    if problems:
+        return problems
+    seen: dict[tuple, int] = {}
+    keys = TABLES[name][1]
+    for i, row in enumerate(table.to_pylist()):
+        for field, expected in _check_row(name, row):
+            problems.append(f"{where}: {_row_label(name, i, row)}: field '{field}': {expected}")
+        key = tuple(row.get(k) for k in keys)
+        if key in seen:
+            problems.append(f"{where}: {_row_label(name, i, row)}: duplicates row {seen[key]} (key {keys})")
+        seen[key] = i
+    return problems
+
+
+def read_table(path: Path, name: str) -> pa.Table:
+    """Read and validate one table file; raise `DataError` listing every problem."""
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError([f"{path}: cannot read as parquet ({exc})"]) from None
+    problems = validate(name, table, str(path))
+    if problems:
+        raise DataError(problems)
+    return table.select([f.name for f in TABLES[name][0]]).cast(TABLES[name][0])
+
+
+def rows_to_table(name: str, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
+    schema = TABLES[name][0]
+    full = [{"schema_version": SCHEMA_VERSION, **row} for row in rows]
+    unknown = {k for row in full for k in row} - set(schema.names)
+    if unknown:
+        raise ValueError(f"{name}: unknown columns {sorted(unknown)}")
+    return pa.Table.from_pylist(full, schema=schema)
+
+
+def write_atomic(table: pa.Table, path: Path) -> None:
+    """Write a parquet file so that readers see the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def upsert(path: Path, name: str, rows: Iterable[Mapping[str, Any]],
+           replace_matching: Mapping[str, Any] | None = None) -> pa.Table:
+    """Replace rows with the same key (or add them), validate, and write the table atomically.
+
+    `replace_matching` also drops every old row whose columns equal those values — e.g. all
+    shape rows of a run that is graded again, however many shapes it had before.
+    """
+    new = rows_to_table(name, rows)
+    problems = validate(name, new, f"{path} (new rows)")
+    if problems:
+        raise DataError(problems)
+    keys = TABLES[name][1]
+    if path.exists():
+        old = read_table(path, name)
+        new_keys = {tuple(r[k] for k in keys) for r in new.select(list(keys)).to_pylist()}
+        match = dict(replace_matching or {})
+        kept = [
+            r for r in old.to_pylist()
+            if tuple(r[k] for k in keys) not in new_keys
+            and not (match and all(r.get(k) == v for k, v in match.items()))
+        ]
+        merged = pa.concat_tables([pa.Table.from_pylist(kept, schema=new.schema), new])
+    else:
+        merged = new
+    merged = merged.sort_by([(k, "ascending") for k in keys])
+    write_atomic(merged, path)
+    return merged
+
+
+def load_all(results_dir: Path) -> dict[str, pa.Table]:
+    """Every table of every GPU folder, concatenated and cross-checked.
+
+    Cross-table rules: each result names a known run; a run whose outcome is a DNF has the
+    status `dnf` and nothing else, and only such runs may be `dnf`.
+    """
+    if not results_dir.is_dir():
+        raise DataError([f"{results_dir}: no such results folder"])
+    parts: dict[str, list[pa.Table]] = {name: [] for name in TABLES}
+    problems: list[str] = []
+    for gpu_dir in sorted(p for p in results_dir.iterdir() if p.is_dir()):
+        for name in TABLES:
+            path = gpu_dir / f"{name}.parquet"
+            if path.exists():
+                try:
+                    parts[name].append(read_table(path, name))
+                except DataError as exc:
+                    problems.extend(exc.problems)
+    if problems:
+        raise DataError(problems)
+    tables = {
+        name: pa.concat_tables(ts) if ts else TABLES[name][0].empty_table() for name, ts in parts.items()
+    }
+    tables["runs"] = _merge_runs(tables["runs"], results_dir, problems)
+    problems.extend(_cross_check(tables, results_dir))
+    if problems:
+        raise DataError(problems)
+    return tables
+
+
+def _merge_runs(runs: pa.Table, results_dir: Path, problems: list[str]) -> pa.Table:
+    """The same run may be listed under several GPU folders; the copies must agree."""
+    by_id: dict[str, dict] = {}
+    for row in runs.to_pylist():
+        prior = by_id.setdefault(row["run_id"], row)
+        if prior != row:
+            diff = sorted(k for k in row if row[k] != prior[k])
+            problems.append(
+                f"{results_dir}: runs: run_id={row['run_id']!r} appears twice with different {diff}"
+            )
+    return pa.Table.from_pylist(list(by_id.values()), schema=runs.schema)
+
+
+def _cross_check(tables: Mapping[str, pa.Table], results_dir: Path) -> list[str]:
+    outcome = {r["run_id"]: r["agent_outcome"] for r in tables["runs"].to_pylist()}
+    problems = []
+    for i, row in enumerate(tables["results"].to_pylist()):
+        where = f"{results_dir / row['gpu'] / 'results.parquet'}: row {i} (run_id={row['run_id']!r})"
+        if row["run_id"] not in outcome:
+            problems.append(f"{where}: field 'run_id': no such run in runs.parquet")
+            continue
+        is_dnf_run = outcome[row["run_id"]] in DNF_OUTCOMES
+        if is_dnf_run and row["status"] != "dnf":
+            problems.append(
+                f"{where}: field 'status': the run is a DNF ({outcome[row['run_id']]}), "
+                f"so its status must be 'dnf', not {row['status']!r}"
+            )
+        if row["status"] == "dnf" and not is_dnf_run:
+            problems.append(
+                f"{where}: field 'status': 'dnf' needs a run outcome in {sorted(DNF_OUTCOMES)}, "
+                f"got {outcome[row['run_id']]!r}"
+            )
+    return problems

@@ -1,0 +1,143 @@
+"""The one GPU timer (`time_cuda`) and its CPU counterpart (`time_cpu`).
+
+Method of `time_cuda` (Triton's `do_bench` pattern, made stricter):
+
+1. Warm-up: calls on the rotating input sets, synchronised, until both `min_warmup` calls and
+   `warmup_ms` of wall time have passed — JIT builds, autotuning and CUDA-graph capture happen
+   here, never in the timed region.
+2. Estimate: 5 synchronised calls give a per-call time; the iteration count is
+   `rep_ms / estimate`, clamped to [`min_iters`, `max_iters`].
+3. Timed loop, one CUDA event pair per call on the current stream: before each call a buffer of
+   twice the L2 size is zeroed (cold L2 for every call), then start event, the call, end event.
+   Calls rotate over at least two input sets, so an output cache keyed on the inputs cannot
+   serve a timed call. One synchronise at the end; the last output per input set is returned so
+   the caller can check what the timed calls computed.
+4. Statistic: median, with p10, p90, min and the iteration count.
+
+Known biases: events on the current stream miss work on other streams (the caller cross-checks
+wall time); host launch overhead overlaps the flush kernel, so a launch-bound call is measured
+as GPU time, not host-plus-GPU time; clocks are not locked (the GPU is measured as found).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+Inputs = Sequence[Any]
+
+
+@dataclass(frozen=True)
+class TimeStats:
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    min_ms: float
+    iterations: int
+    wall_ms: float  # host wall clock of the whole timed loop, for the escaped-work cross-check
+
+    def row(self) -> dict[str, float | int]:
+        out = asdict(self)
+        out.pop("wall_ms")
+        return out
+
+
+def _stats(samples_ms: list[float], wall_ms: float) -> TimeStats:
+    if len(samples_ms) < 2:
+        raise ValueError(f"need at least 2 timed calls, got {len(samples_ms)}")
+    deciles = statistics.quantiles(samples_ms, n=10, method="inclusive")
+    return TimeStats(statistics.median(samples_ms), deciles[0], deciles[-1], min(samples_ms),
+                     len(samples_ms), wall_ms)
+
+
+def _check_sets(input_sets: Sequence[Inputs]) -> None:
+    if len(input_sets) < 2:
+        raise ValueError(f"time on at least 2 rotating input sets, got {len(input_sets)}")
+
+
+def _iterations(per_call_ms: float, rep_ms: float, min_iters: int, max_iters: int) -> int:
+    return int(min(max_iters, max(min_iters, rep_ms / max(per_call_ms, 1e-4))))
+
+
+@torch.no_grad()
+def time_cuda(
+    fn: Callable[..., Any],
+    input_sets: Sequence[Inputs],
+    *,
+    l2_bytes: int,
+    warmup_ms: float = 100.0,
+    min_warmup: int = 10,
+    rep_ms: float = 400.0,
+    min_iters: int = 20,
+    max_iters: int = 2000,
+) -> tuple[TimeStats, list[Any]]:
+    """Time `fn(*inputs)` on a CUDA device as the module docstring describes."""
+    _check_sets(input_sets)
+    n = len(input_sets)
+    flush = torch.empty(max(2 * l2_bytes, 1 << 24) // 4, dtype=torch.int32, device="cuda")
+    start = time.perf_counter()
+    calls = 0
+    while calls < min_warmup or (time.perf_counter() - start) * 1e3 < warmup_ms:
+        fn(*input_sets[calls % n])
+        torch.cuda.synchronize()
+        calls += 1
+    t0 = time.perf_counter()
+    for i in range(5):
+        fn(*input_sets[i % n])
+    torch.cuda.synchronize()
+    per_call_ms = (time.perf_counter() - t0) * 1e3 / 5
+    iters = _iterations(per_call_ms, rep_ms, min_iters, max_iters)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    last: list[Any] = [None] * n
+    torch.cuda.synchronize()
+    wall0 = time.perf_counter()
+    for i in range(iters):
+        flush.zero_()
+        starts[i].record()
+        last[i % n] = fn(*input_sets[i % n])
+        ends[i].record()
+    torch.cuda.synchronize()
+    wall_ms = (time.perf_counter() - wall0) * 1e3
+    samples = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+    return _stats(samples, wall_ms), last
+
+
+@torch.no_grad()
+def time_cpu(
+    fn: Callable[..., Any],
+    input_sets: Sequence[Inputs],
+    *,
+    flush_bytes: int = 64 << 20,
+    warmup_ms: float = 50.0,
+    min_warmup: int = 3,
+    rep_ms: float = 200.0,
+    min_iters: int = 10,
+    max_iters: int = 200,
+) -> tuple[TimeStats, list[Any]]:
+    """Time `fn(*inputs)` on the CPU with `perf_counter`, a cache-sized buffer written before
+    each call. CPU timings are labelled `cpu_wall` and never compared with GPU timings."""
+    _check_sets(input_sets)
+    n = len(input_sets)
+    flush = torch.empty(flush_bytes // 4, dtype=torch.int32)
+    start = time.perf_counter()
+    calls = 0
+    while calls < min_warmup or (time.perf_counter() - start) * 1e3 < warmup_ms:
+        fn(*input_sets[calls % n])
+        calls += 1
+    per_call_ms = (time.perf_counter() - start) * 1e3 / calls
+    iters = _iterations(per_call_ms, rep_ms, min_iters, max_iters)
+    samples: list[float] = []
+    last: list[Any] = [None] * n
+    wall0 = time.perf_counter()
+    for i in range(iters):
+        flush.zero_()
+        t = time.perf_counter_ns()
+        last[i % n] = fn(*input_sets[i % n])
+        samples.append((time.perf_counter_ns() - t) / 1e6)
+    return _stats(samples, (time.perf_counter() - wall0) * 1e3), last

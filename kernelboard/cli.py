@@ -1,0 +1,97 @@
+"""The `kernelboard` command line: thin Click commands that each call one library function.
+
+Heavy imports (torch, plotly, pandas) happen inside command bodies, so `kernelboard --help` is
+instant and `kernelboard site` never imports torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from kernelboard import __version__
+
+_DIR = click.Path(file_okay=False, path_type=Path)
+_EXISTING_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="kernelboard")
+def main() -> None:
+    """Grade GPU kernels written by coding agents and publish per-GPU leaderboards."""
+
+
+# ---------------------------------------------------------------------------------------- eval
+
+
+@main.group(invoke_without_command=True, context_settings={"ignore_unknown_options": False})
+@click.option("--deck", type=_EXISTING_DIR, default=Path("eval/decks/hard"), show_default=True,
+              help="Problem deck: one folder per problem with problem.yaml and reference.py.")
+@click.option("--submissions", type=_EXISTING_DIR, default=Path("data/submissions/hard"), show_default=True,
+              help="One folder per run: solution.py (+ sidecar files) and run.yaml.")
+@click.option("--out", type=_DIR, default=Path("data/results"), show_default=True,
+              help="Results folder; tables go to OUT/<gpu>/*.parquet, logs to OUT/<gpu>/logs/.")
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
+              help="cpu grades the problems' small CPU shapes and labels every timing as CPU.")
+@click.option("--only", "only", multiple=True, metavar="GLOB",
+              help="Grade only runs whose run_id matches this glob (repeatable).")
+@click.option("--resume", is_flag=True,
+              help="Skip runs already graded on this GPU with the same solution and grader version.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900.0, show_default=True,
+              help="Seconds one submission may take (build, correctness and timing) before it is killed.")
+@click.option("--baseline-timeout", "baseline_timeout_s", type=click.FloatRange(min=1), default=1800.0,
+              show_default=True, help="Seconds the eager and torch.compile baselines of one problem may take.")
+@click.pass_context
+def eval(ctx: click.Context, **options: object) -> None:  # noqa: A001 - the command is named eval
+    """Grade submissions against the deck's references: correctness first, then timing."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from kernelboard.eval.schedule import EvalOptions, run_eval
+
+    run_eval(EvalOptions(**options))  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------- site
+
+
+@main.group()
+def site() -> None:
+    """Build or serve the static leaderboard site."""
+
+
+@site.command("build")
+@click.option("--data", "data_dir", type=_EXISTING_DIR, default=Path("data"), show_default=True,
+              help="The data folder: results/, submissions/ (and annotations/).")
+@click.option("--decks", "decks_dir", type=_EXISTING_DIR, default=Path("eval/decks"), show_default=True,
+              help="Problem decks, for each problem's README and formulas.")
+@click.option("--out", "out_dir", type=_DIR, default=Path("dist"), show_default=True,
+              help="Output folder; replaced whole only once the new site is complete.")
+def site_build(data_dir: Path, decks_dir: Path, out_dir: Path) -> None:
+    """Render every page into a fresh folder, then swap it into place."""
+    from kernelboard.sitegen.render import build_site
+
+    report = build_site(data_dir=data_dir, decks_dir=decks_dir, out_dir=out_dir)
+    click.echo(report.summary())
+
+
+@site.command("serve")
+@click.option("--dir", "site_dir", type=_EXISTING_DIR, default=Path("dist"), show_default=True)
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--bind", default="127.0.0.1", show_default=True)
+def site_serve(site_dir: Path, port: int, bind: str) -> None:
+    """Serve a built site over HTTP on localhost (Ctrl-C stops)."""
+    import functools
+    import http.server
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site_dir))
+    with http.server.ThreadingHTTPServer((bind, port), handler) as httpd:
+        click.echo(f"serving {site_dir} at http://{bind}:{port}/")
+        try:
+            httpd.serve_forever()
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()

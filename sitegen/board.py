@@ -1,0 +1,280 @@
+"""The leaderboard model: cells, rows, boards, and the one ordering rule every page uses.
+
+A **cell** is the best graded run of one model on one problem on one GPU; a **board** is every
+cell of one bench on one GPU. Which run is "best": a pass beats a failure, a failure beats a
+run that was not graded, and that beats a DNF; among passes the higher speedup over
+torch.compile wins; among the rest the most recently graded run (then the smaller run_id).
+A DNF cell therefore means that every run of that model on that problem was a DNF.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from kernelboard.eval.schema import AGENT_OUTCOMES, STATUSES
+
+from .load import CPU_KEY, Problem, Result, Run, SiteData
+
+#: The ordering rule, as the pages print it. `rank_rows` implements exactly this.
+ORDERING_RULE = (
+    "Rows are ordered by score: the mean, over the problems on this board, of each cell's share of "
+    "the best — a pass scores its speedup over torch.compile divided by the best AI-model speedup on "
+    "that problem on this GPU (so the best scores 1); a failure, or a problem the model has no run on, "
+    "scores 0; a DNF is left out of the mean (it shrinks the denominator), because the infrastructure, "
+    "not the model, ended that run. Ties go to more passes, then to the name. House kernels are "
+    "reference points: shown, never ranked, and never the best."
+)
+
+#: How each grading status is named on the pages.
+STATUS_LABELS: dict[str, str] = {
+    "pass": "pass",
+    "wrong": "wrong",
+    "build_error": "build error",
+    "runtime_error": "runtime error",
+    "timeout": "timeout",
+    "oom": "OOM",
+    "forbidden": "forbidden",
+    "integrity_violation": "integrity violation",
+    "not_graded": "not graded",
+    "dnf": "DNF",
+}
+
+#: What each status means, for the legend.
+STATUS_HELP: dict[str, str] = {
+    "pass": "correct on every shape and seed; the number is the geomean speedup over torch.compile",
+    "wrong": "ran, but the answers do not match the reference",
+    "build_error": "could not compile or import",
+    "runtime_error": "crashed while running",
+    "timeout": "ran past the time limit",
+    "oom": "ran out of GPU memory",
+    "forbidden": "used something the problem forbids (e.g. the library that does the whole job)",
+    "integrity_violation": "tampered with the grader or its inputs",
+    "not_graded": "the run left nothing to grade (see the reason)",
+    "dnf": "did not finish: the infrastructure ended the run (rate limit, provider, credits, harness); "
+           "not counted against the model",
+}
+
+#: CSS tone of each status: one colour family per kind of outcome; a DNF is never red.
+STATUS_TONES: dict[str, str] = {
+    "pass": "pass",
+    "wrong": "bad",
+    "forbidden": "bad",
+    "integrity_violation": "bad",
+    "build_error": "warn",
+    "runtime_error": "warn",
+    "timeout": "warn",
+    "oom": "warn",
+    "not_graded": "none",
+    "dnf": "dnf",
+}
+
+#: How each agent outcome is named on the pages (a DNF's reason is its outcome).
+OUTCOME_LABELS: dict[str, str] = {
+    "completed": "completed",
+    "rate_limited": "rate limited",
+    "provider_error": "provider error",
+    "credits_exhausted": "credits exhausted",
+    "agent_timeout": "agent timed out",
+    "early_stop": "stopped early",
+    "no_solution": "no solution",
+    "harness_error": "harness error",
+}
+
+for _table, _known in ((STATUS_LABELS, STATUSES), (STATUS_HELP, STATUSES), (STATUS_TONES, STATUSES),
+                       (OUTCOME_LABELS, AGENT_OUTCOMES)):
+    if set(_table) != set(_known):  # the schema grew a value: name it here before building
+        raise RuntimeError(f"sitegen.board labels out of date with eval.schema: {sorted(set(_known) ^ set(_table))}")
+
+CPU_LABEL = "CPU (test timings)"
+
+
+def reason_for(run: Run, result: Result) -> str:
+    """Why a run did not pass, in a few words: a DNF's outcome, or else the grader's message."""
+    if result.status == "dnf" or (result.status == "not_graded" and run.agent_outcome != "completed"):
+        return OUTCOME_LABELS[run.agent_outcome]
+    return result.message
+
+
+@dataclass(frozen=True)
+class Cell:
+    """The best graded run of one model on one problem on one GPU."""
+
+    run: Run
+    result: Result
+    share: float | None  # pass: speedup / the board's best AI-model speedup on this problem
+    is_best: bool
+
+    @property
+    def state(self) -> str:
+        """'pass', 'dnf' or 'fail' (anything else the model produced, or failed to)."""
+        return self.result.status if self.result.status in ("pass", "dnf") else "fail"
+
+    @property
+    def label(self) -> str:
+        return STATUS_LABELS[self.result.status]
+
+    @property
+    def tone(self) -> str:
+        return STATUS_TONES[self.result.status]
+
+    @property
+    def reason(self) -> str:
+        return reason_for(self.run, self.result)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One model's cells on a board (aligned with `Board.problems`) and its score."""
+
+    model: str
+    display: str
+    is_house: bool
+    harnesses: tuple[str, ...]
+    cells: tuple[Cell | None, ...]
+    score: float | None  # None for house rows, and when every cell is a DNF
+    passes: int
+    counted: int  # the score's denominator: problems on the board minus this row's DNF cells
+    rank: int | None
+
+    @property
+    def dnfs(self) -> int:
+        return sum(1 for c in self.cells if c is not None and c.state == "dnf")
+
+
+@dataclass(frozen=True)
+class Board:
+    """Every cell of one bench on one GPU: ranked model rows first, then house rows."""
+
+    bench: str
+    gpu: str
+    label: str
+    problems: tuple[Problem, ...]
+    rows: tuple[Row, ...]
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.gpu == CPU_KEY
+
+
+def gpu_label(data: SiteData, gpu: str) -> str:
+    """The display name of a GPU key: the hardware table's name, or the CPU label."""
+    return CPU_LABEL if gpu == CPU_KEY else data.hardware[gpu].name
+
+
+def gpu_order(gpus: Iterable[str]) -> list[str]:
+    """GPU keys in page order: sorted, with CPU test timings last."""
+    return sorted(set(gpus), key=lambda g: (g == CPU_KEY, g))
+
+
+def _preference(run: Run, result: Result) -> tuple:
+    """Sort key: the smallest is the run a cell shows (see the module docstring)."""
+    tier = {"pass": 0, "not_graded": 2, "dnf": 3}.get(result.status, 1)
+    speed = -(result.speedup_vs_compile or 0.0)
+    return (tier, speed, -result.graded_at.timestamp(), run.run_id)
+
+
+def build_boards(data: SiteData) -> tuple[Board, ...]:
+    """One board per (GPU, bench) that has results, GPUs in `gpu_order`, benches sorted."""
+    graded: dict[tuple[str, str], list[Result]] = defaultdict(list)
+    for result in data.results:
+        graded[(result.gpu, data.runs[result.run_id].bench)].append(result)
+    order = gpu_order(g for g, _ in graded)
+    boards = []
+    for gpu, bench in sorted(graded, key=lambda k: (order.index(k[0]), k[1])):
+        boards.append(_board(data, gpu, bench, graded[(gpu, bench)]))
+    return tuple(boards)
+
+
+def _board(data: SiteData, gpu: str, bench: str, results: list[Result]) -> Board:
+    names = sorted({data.runs[r.run_id].problem for r in results})
+    problems = tuple(data.problems[(bench, n)] for n in names)
+    picked: dict[tuple[str, str], tuple[Run, Result]] = {}
+    for result in results:
+        run = data.runs[result.run_id]
+        key = (run.model, run.problem)
+        if key not in picked or _preference(run, result) < _preference(*picked[key]):
+            picked[key] = (run, result)
+    best = {
+        name: max((res.speedup_vs_compile for (_, p), (run, res) in picked.items()  # type: ignore[misc]
+                   if p == name and res.is_pass and not run.is_house), default=None)
+        for name in names
+    }
+    rows = []
+    for model in sorted({m for m, _ in picked}):
+        runs = [data.runs[r.run_id] for r in results if data.runs[r.run_id].model == model]
+        cells = []
+        for name in names:
+            if (model, name) not in picked:
+                cells.append(None)
+                continue
+            run, res = picked[(model, name)]
+            share = res.speedup_vs_compile / best[name] if res.is_pass and best[name] else None
+            cells.append(Cell(run, res, share, res.is_pass and not run.is_house and share == 1.0))
+        rows.append(_row(model, runs, tuple(cells)))
+    return Board(bench, gpu, gpu_label(data, gpu), problems, rank_rows(rows))
+
+
+def _row(model: str, runs: list[Run], cells: tuple[Cell | None, ...]) -> Row:
+    latest = max(runs, key=lambda r: r.run_id)
+    is_house = latest.is_house
+    passes = sum(1 for c in cells if c is not None and c.state == "pass")
+    counted = sum(1 for c in cells if c is None or c.state != "dnf")
+    score = None
+    if not is_house and counted:
+        score = sum(c.share or 0.0 for c in cells if c is not None and c.state == "pass") / counted
+    return Row(model, latest.model_display, is_house, tuple(sorted({r.harness for r in runs})), cells,
+               score, passes, counted, None)
+
+
+def rank_rows(rows: Iterable[Row]) -> tuple[Row, ...]:
+    """Apply ORDERING_RULE: scored model rows by (score, passes) descending, then name; equal
+    (score, passes) share a rank. Unscored model rows follow, then house rows, unranked."""
+    rows = list(rows)
+    scored = sorted((r for r in rows if r.score is not None),
+                    key=lambda r: (-r.score, -r.passes, r.display, r.model))  # type: ignore[operator]
+    unscored = sorted((r for r in rows if r.score is None and not r.is_house), key=lambda r: (r.display, r.model))
+    house = sorted((r for r in rows if r.is_house), key=lambda r: (r.display, r.model))
+    ranked = []
+    for r in scored:
+        rank = 1 + sum(1 for o in scored if (o.score, o.passes) > (r.score, r.passes))
+        ranked.append(replace(r, rank=rank))
+    return (*ranked, *unscored, *house)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One graded submission of a problem on a GPU, as the problem page lists it."""
+
+    run: Run
+    result: Result
+    label: str  # unique on the page: the model's name, numbered when it has several runs
+
+    @property
+    def tone(self) -> str:
+        return STATUS_TONES[self.result.status]
+
+    @property
+    def reason(self) -> str:
+        return reason_for(self.run, self.result)
+
+
+def problem_entries(data: SiteData, bench: str, problem: str) -> dict[str, tuple[Entry, ...]]:
+    """Per GPU (in `gpu_order`), every graded run of a problem: passes by speedup, then the rest."""
+    by_gpu: dict[str, list[tuple[Run, Result]]] = defaultdict(list)
+    for result in data.results:
+        run = data.runs[result.run_id]
+        if (run.bench, run.problem) == (bench, problem):
+            by_gpu[result.gpu].append((run, result))
+    out = {}
+    for gpu in gpu_order(by_gpu):
+        pairs = sorted(by_gpu[gpu], key=lambda p: _preference(*p))
+        seen: dict[str, int] = defaultdict(int)
+        numbered = {}
+        for run, _ in sorted(by_gpu[gpu], key=lambda p: p[0].run_id):
+            seen[run.model_display] += 1
+            n = seen[run.model_display]
+            numbered[run.run_id] = run.model_display if n == 1 else f"{run.model_display} #{n}"
+        out[gpu] = tuple(Entry(run, res, numbered[run.run_id]) for run, res in pairs)
+    return out

@@ -1,0 +1,78 @@
+"""Plotly figure builders for the problem pages: speedup and roofline bars per submission.
+
+Each builder returns an HTML fragment: a `<div>` with a fixed id followed by an inline
+`Plotly.newPlot` call. plotly.js itself is loaded once per page, before the fragments, from
+`static/plotly.min.js`. Fixed ids and a fixed layout keep builds byte-identical. The same numbers
+are always printed in a table beside the chart, so a page without JavaScript loses nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+import plotly.io as pio
+from markupsafe import Markup
+
+#: Plotly's config for every chart: no logo, resize with the page.
+PLOT_CONFIG = {"displaylogo": False, "responsive": True}
+
+#: Colours shared with static/style.css: AI models in the accent colour, house kernels in blue.
+COLORS = {"model": "#76b900", "house": "#8ab4f8", "fg": "#e6e6e6", "muted": "#9a9a9a", "grid": "#2a2a2a"}
+
+_HEIGHT_PX = 380
+
+
+def _layout(title: str, y_title: str, **yaxis: object) -> dict:
+    return {
+        "title": {"text": title, "x": 0, "xanchor": "left", "font": {"size": 14}},
+        "paper_bgcolor": "rgba(0,0,0,0)",
+        "plot_bgcolor": "rgba(0,0,0,0)",
+        "font": {"color": COLORS["fg"], "family": "system-ui, sans-serif", "size": 12},
+        "margin": {"l": 64, "r": 16, "t": 48, "b": 96},
+        "showlegend": False,
+        "xaxis": {"automargin": True, "tickangle": -20, "gridcolor": COLORS["grid"]},
+        "yaxis": {"title": {"text": y_title}, "gridcolor": COLORS["grid"], "zeroline": False, **yaxis},
+        "bargap": 0.35,
+    }
+
+
+def _html(fig: go.Figure, div_id: str) -> Markup:
+    html = pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOT_CONFIG,
+                       default_height=f"{_HEIGHT_PX}px", default_width="100%", validate=True)
+    return Markup(html.strip())  # plotly escapes "<" and ">" inside its JSON
+
+
+def _colors(is_house: Sequence[bool]) -> list[str]:
+    return [COLORS["house"] if h else COLORS["model"] for h in is_house]
+
+
+def speedup_chart(div_id: str, labels: Sequence[str], speedups: Sequence[float],
+                  is_house: Sequence[bool], gpu_label: str) -> Markup:
+    """Bars of geomean speedup over torch.compile per submission on a log axis, a line at 1×."""
+    fig = go.Figure(go.Bar(
+        x=list(labels), y=list(speedups), marker_color=_colors(is_house),
+        text=[f"{v:.2f}×" for v in speedups], textposition="outside", cliponaxis=False,
+        hovertemplate="%{x}<br>%{y:.3f}× torch.compile<extra></extra>",
+    ))
+    fig.update_layout(_layout(f"Speedup over torch.compile — {gpu_label}", "speedup (×, log scale)",
+                              type="log"))
+    fig.add_hline(y=1, line_dash="dash", line_color=COLORS["muted"], annotation_text="torch.compile (1×)",
+                  annotation_position="top left", annotation_font_color=COLORS["muted"])
+    return _html(fig, div_id)
+
+
+def roofline_chart(div_id: str, labels: Sequence[str], peak_fractions: Sequence[float],
+                   is_house: Sequence[bool], gpu_label: str, peak_text: str) -> Markup:
+    """Bars of the geomean fraction of the GPU's datasheet peak per submission, in %."""
+    pct = [100.0 * f for f in peak_fractions]
+    fig = go.Figure(go.Bar(
+        x=list(labels), y=pct, marker_color=_colors(is_house),
+        text=[f"{v:.1f}%" for v in pct], textposition="outside", cliponaxis=False,
+        hovertemplate="%{x}<br>%{y:.2f}% of peak<extra></extra>",
+    ))
+    fig.update_layout(_layout(f"Roofline: % of {peak_text} — {gpu_label}", "% of datasheet peak",
+                              rangemode="tozero"))
+    fig.add_hline(y=100, line_dash="dot", line_color=COLORS["muted"], annotation_text="datasheet peak",
+                  annotation_position="top left", annotation_font_color=COLORS["muted"])
+    return _html(fig, div_id)

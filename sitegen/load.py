@@ -1,0 +1,328 @@
+"""Load everything the site shows: validated tables, decks and solution files, as typed records.
+
+`load_site` is the one gate. It reads every parquet table through `eval.tables.load_all` (which
+checks the data contract), loads the deck of every problem the runs name through `eval.deck`,
+reads each run's `solution.py`, and applies the cross-checks the pages depend on (a pass has its
+shape rows and their geomean is the headline; a graded GPU has a hardware row; keys are safe as
+URL path parts). Every problem found is reported in one error; code past this module trusts the
+types.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, fields
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kernelboard.errors import DataError, DeckError
+from kernelboard.eval.deck import Problem, load_problem
+from kernelboard.eval.hardware import PRECISIONS
+from kernelboard.eval.roofline import geomean
+from kernelboard.eval.submission import RUN_ID_PATTERN
+from kernelboard.eval.tables import load_all
+
+#: Results graded with `--device cpu` live under this GPU key; they have no hardware row.
+CPU_KEY = "cpu"
+
+#: The model name of kernels written by the kernelboard maintainers (reference points, not AI models).
+HOUSE_MODEL = "kernelboard-house"
+
+#: Relative tolerance between a pass's headline speedup and the geomean of its shape rows.
+_GEOMEAN_RTOL = 1e-6
+
+__all__ = [
+    "CPU_KEY",
+    "HOUSE_MODEL",
+    "Baseline",
+    "Hardware",
+    "Problem",
+    "Result",
+    "Run",
+    "ShapeResult",
+    "SiteData",
+    "load_site",
+]
+
+
+@dataclass(frozen=True)
+class Run:
+    """One agent attempt (a row of runs.parquet)."""
+
+    run_id: str
+    bench: str
+    problem: str
+    gpu: str | None
+    model: str
+    model_display: str
+    lab: str | None
+    harness: str
+    effort: str | None
+    started_at: datetime | None
+    agent_seconds: float | None
+    input_tokens: int | None
+    output_tokens: int | None
+    cache_read_tokens: int | None
+    cost_usd: float | None
+    agent_outcome: str
+    outcome_note: str | None
+    trace_url: str | None
+    solution_sha256: str | None
+    source: str
+
+    @property
+    def is_house(self) -> bool:
+        """A kernel written by the kernelboard maintainers, not by an AI model."""
+        return self.model == HOUSE_MODEL
+
+
+@dataclass(frozen=True)
+class ShapeResult:
+    """One shape of one graded run (a row of shapes.parquet); times in ms."""
+
+    run_id: str
+    gpu: str
+    shape_idx: int
+    shape_label: str
+    shape_json: str
+    median_ms: float | None
+    p10_ms: float | None
+    p90_ms: float | None
+    min_ms: float | None
+    iterations: int | None
+    tflop_s: float | None
+    gb_s: float | None
+    compute_fraction: float | None
+    memory_fraction: float | None
+    bound: str | None
+    peak_fraction: float | None
+    eager_ms: float | None
+    compile_ms: float | None
+    speedup_vs_eager: float | None
+    speedup_vs_compile: float | None
+    max_rel_err: float | None
+
+
+@dataclass(frozen=True)
+class Result:
+    """One graded (run, GPU) pair (a row of results.parquet) with its shape rows, by shape_idx."""
+
+    run_id: str
+    gpu: str
+    status: str
+    message: str
+    speedup_vs_compile: float | None
+    speedup_vs_eager: float | None
+    peak_fraction: float | None
+    compile_variant: str | None
+    n_shapes: int
+    timer: str
+    device_name: str
+    driver_version: str | None
+    cuda_version: str | None
+    torch_version: str | None
+    triton_version: str | None
+    python_version: str | None
+    graded_at: datetime
+    grader_version: str
+    seeds: list[int] | None
+    grade_seconds: float | None
+    log_path: str | None
+    shapes: tuple[ShapeResult, ...] = ()
+
+    @property
+    def is_pass(self) -> bool:
+        return self.status == "pass"
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """One baseline timing (eager, a torch.compile mode, a library) of one shape on one GPU."""
+
+    bench: str
+    problem: str
+    gpu: str
+    shape_idx: int
+    shape_label: str
+    shape_json: str
+    variant: str
+    status: str
+    message: str
+    median_ms: float | None
+    p10_ms: float | None
+    p90_ms: float | None
+    min_ms: float | None
+    iterations: int | None
+    timer: str
+    device_name: str
+    torch_version: str | None
+    triton_version: str | None
+    cuda_version: str | None
+    measured_at: datetime
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A GPU as the hardware table records it; GB/s is 10^9 B/s, TFLOP/s 10^12 FLOP/s (dense)."""
+
+    gpu: str
+    name: str
+    sm: str | None
+    memory_gb: float | None
+    l2_mb: float | None
+    bandwidth_gb_s: float | None
+    peak_tflop_s: dict[str, float]
+    source: str
+    measured_copy_gb_s: float | None
+    measured_bf16_tflop_s: float | None
+    measured_fp8_tflop_s: float | None
+    measured_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Hardware:
+        peaks = {p: row[f"peak_tflop_s_{p}"] for p in PRECISIONS if row.get(f"peak_tflop_s_{p}") is not None}
+        return cls(peak_tflop_s=peaks, **{f.name: row[f.name] for f in fields(cls) if f.name != "peak_tflop_s"})
+
+
+@dataclass(frozen=True)
+class SiteData:
+    """Everything a build reads, validated and joined. Collections are sorted by their keys."""
+
+    runs: dict[str, Run]
+    results: tuple[Result, ...]  # sorted by (gpu, run_id)
+    baselines: tuple[Baseline, ...]  # sorted by (bench, problem, gpu, shape_idx, variant)
+    hardware: dict[str, Hardware]
+    problems: dict[tuple[str, str], Problem]  # (bench, problem name) -> deck problem
+    solutions: dict[str, str]  # run_id -> solution.py text, for runs that have one
+
+    @property
+    def last_updated(self) -> datetime | None:
+        """The newest `graded_at` in the data: the site's date, never the wall clock."""
+        return max((r.graded_at for r in self.results), default=None)
+
+
+_R = TypeVar("_R")
+
+
+def _record(cls: type[_R], row: dict[str, Any], **extra: Any) -> _R:
+    names = {f.name for f in fields(cls)} - set(extra)  # type: ignore[arg-type]
+    return cls(**{k: row[k] for k in names}, **extra)
+
+
+def load_site(data_dir: Path, decks_dir: Path) -> SiteData:
+    """Read `DATA/results`, `DATA/submissions` and the decks of every problem the runs name.
+
+    Raises `DataError` (one line per problem, naming file, row and field) for bad tables and
+    `DeckError` for a missing or malformed deck folder.
+    """
+    results_dir = data_dir / "results"
+    tables = load_all(results_dir)
+    rows = {name: table.to_pylist() for name, table in tables.items()}
+    runs = {r["run_id"]: _record(Run, r) for r in sorted(rows["runs"], key=lambda r: r["run_id"])}
+    hardware = {r["gpu"]: Hardware.from_row(r) for r in sorted(rows["hardware"], key=lambda r: r["gpu"])}
+
+    shapes_by_result: dict[tuple[str, str], list[ShapeResult]] = defaultdict(list)
+    for r in rows["shapes"]:
+        shapes_by_result[(r["run_id"], r["gpu"])].append(_record(ShapeResult, r))
+    results = tuple(
+        _record(Result, r, shapes=tuple(sorted(shapes_by_result.get((r["run_id"], r["gpu"]), ()),
+                                               key=lambda s: s.shape_idx)))
+        for r in sorted(rows["results"], key=lambda r: (r["gpu"], r["run_id"]))
+    )
+    baselines = tuple(sorted(
+        (_record(Baseline, r) for r in rows["baselines"]),
+        key=lambda b: (b.bench, b.problem, b.gpu, b.shape_idx, b.variant),
+    ))
+
+    problems = [
+        *_check_keys(results_dir, runs, results, baselines),
+        *_check_results(results_dir, runs, results, hardware, shapes_by_result),
+    ]
+    if problems:
+        raise DataError(problems)
+    return SiteData(
+        runs=runs,
+        results=results,
+        baselines=baselines,
+        hardware=hardware,
+        problems=_load_decks(decks_dir, runs),
+        solutions=_read_solutions(data_dir / "submissions", runs),
+    )
+
+
+def _check_keys(results_dir: Path, runs: dict[str, Run], results: tuple[Result, ...],
+                baselines: tuple[Baseline, ...]) -> list[str]:
+    """Keys become URL path parts (runs/<gpu>/<run_id>/): letters, digits, '.', '_', '-' only."""
+    bad = []
+    values = [("runs", "run_id", r.run_id) for r in runs.values()]
+    values += [("runs", f, getattr(r, f)) for r in runs.values() for f in ("bench", "problem")]
+    values += [("results", "gpu", r.gpu) for r in results]
+    values += [("baselines", "gpu", b.gpu) for b in baselines]
+    for table, field, value in sorted(set(values)):
+        if not RUN_ID_PATTERN.match(value):
+            bad.append(f"{results_dir}: {table}.parquet: field '{field}': {value!r} is not usable in a URL "
+                       "(letters, digits, '.', '_' or '-', not starting with a punctuation mark)")
+    return bad
+
+
+def _check_results(results_dir: Path, runs: dict[str, Run], results: tuple[Result, ...],
+                   hardware: dict[str, Hardware],
+                   shapes_by_result: dict[tuple[str, str], list[ShapeResult]]) -> list[str]:
+    """What the pages need beyond the contract: hardware rows, and shape rows that add up."""
+    bad = []
+    graded = {(r.run_id, r.gpu) for r in results}
+    for run_id, gpu in sorted(set(shapes_by_result) - graded):
+        bad.append(f"{results_dir / gpu / 'shapes.parquet'}: run_id={run_id!r}: shape rows for a run "
+                   f"with no row in {results_dir / gpu / 'results.parquet'}")
+    for i, r in enumerate(results):
+        where = f"{results_dir / r.gpu / 'results.parquet'}: row {i} (run_id={r.run_id!r}, gpu={r.gpu!r})"
+        if r.gpu != CPU_KEY and r.gpu not in hardware:
+            bad.append(f"{where}: field 'gpu': no row for {r.gpu!r} in {results_dir / r.gpu / 'hardware.parquet'}"
+                       " (the site needs the GPU's name and peaks)")
+        if not r.is_pass:
+            continue
+        speedups = [s.speedup_vs_compile for s in r.shapes]
+        if len(r.shapes) != r.n_shapes:
+            bad.append(f"{where}: field 'n_shapes': a pass over {r.n_shapes} shapes has {len(r.shapes)} "
+                       f"rows in shapes.parquet")
+        elif any(v is None or not (math.isfinite(v) and v > 0) for v in speedups):
+            bad.append(f"{where}: shapes.parquet: a pass needs a positive 'speedup_vs_compile' on every shape")
+        elif not math.isclose(geomean(speedups), r.speedup_vs_compile, rel_tol=_GEOMEAN_RTOL):  # type: ignore[arg-type]
+            bad.append(f"{where}: field 'speedup_vs_compile': {r.speedup_vs_compile!r} is not the geomean of "
+                       f"its shapes' speedups ({geomean(speedups)!r})")  # type: ignore[arg-type]
+    return bad
+
+
+def _load_decks(decks_dir: Path, runs: dict[str, Run]) -> dict[tuple[str, str], Problem]:
+    """The deck problem of every (bench, problem) the runs name; missing folders in one error."""
+    wanted = sorted({(r.bench, r.problem) for r in runs.values()})
+    missing = [f"{decks_dir / b / p}: no deck folder for problem {b}/{p}, which runs.parquet names"
+               for b, p in wanted if not (decks_dir / b / p).is_dir()]
+    if missing:
+        head = missing[0] if len(missing) == 1 else f"{len(missing)} problems have no deck:"
+        raise DeckError(head if len(missing) == 1 else head + "\n" + "\n".join(f"  {m}" for m in missing))
+    problems = {}
+    for bench, name in wanted:
+        problem = load_problem(decks_dir / bench / name)
+        if problem.bench != bench:
+            raise DeckError(f"{problem.folder / 'problem.yaml'}: key 'bench': expected {bench!r} "
+                            f"(the folder's deck), got {problem.bench!r}")
+        problems[(bench, name)] = problem
+    return problems
+
+
+def _read_solutions(submissions_dir: Path, runs: dict[str, Run]) -> dict[str, str]:
+    """`solution.py` of each run that has one, as text (absent files are simply not shown)."""
+    out, bad = {}, []
+    for run in runs.values():
+        path = submissions_dir / run.bench / run.run_id / "solution.py"
+        if path.is_file():
+            try:
+                out[run.run_id] = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError as exc:
+                bad.append(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})")
+    if bad:
+        raise DataError(bad)
+    return out

@@ -1,0 +1,76 @@
+"""The one table of page kinds — template and output path — and the plan of every page to render.
+
+A new page kind is a template plus one row in `PAGES` plus a context builder in `views.py`.
+Output paths are directories with an `index.html`, linked as `dir/`; links are relative to
+the page (`root` is "../" per directory level), so the site works at `/`, under `/REPO/` on
+GitHub Pages, and from `python -m http.server`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from . import views
+from .load import SiteData
+
+
+@dataclass(frozen=True)
+class PageKind:
+    """A kind of page: the template that renders it and its output path pattern."""
+
+    template: str
+    path: str  # relative to the output folder, with {placeholders} for the page's keys
+
+
+#: Page kind -> template -> output path. The only place output paths are spelled.
+PAGES: dict[str, PageKind] = {
+    "home": PageKind("home.html", "index.html"),
+    "problem": PageKind("problem.html", "problems/{bench}/{problem}/index.html"),
+    "run": PageKind("run.html", "runs/{gpu}/{run_id}/index.html"),
+}
+
+
+def page_path(kind: str, **keys: str) -> str:
+    """The output file of one page, e.g. page_path('run', gpu='h200', run_id='x') = 'runs/h200/x/index.html'."""
+    return PAGES[kind].path.format(**keys)
+
+
+def link(kind: str, **keys: str) -> str:
+    """A page's address relative to the site root, as a directory: 'runs/h200/x/' ('' for home)."""
+    path = page_path(kind, **keys)
+    return path.removesuffix("index.html")
+
+
+def root_for(path: str) -> str:
+    """The relative prefix from a page's folder back to the site root: '' or '../../../'."""
+    return "../" * path.count("/")
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page to render: its kind, output path and template context (without `root`)."""
+
+    kind: str
+    path: str
+    context: dict[str, Any]
+
+    @property
+    def template(self) -> str:
+        return PAGES[self.kind].template
+
+    @property
+    def root(self) -> str:
+        return root_for(self.path)
+
+
+def plan(data: SiteData) -> list[Page]:
+    """Every page of the site, in output-path order."""
+    pages = [Page("home", page_path("home"), views.home(data))]
+    for bench, problem in sorted(data.problems):
+        pages.append(Page("problem", page_path("problem", bench=bench, problem=problem),
+                          views.problem(data, bench, problem)))
+    for result in data.results:
+        pages.append(Page("run", page_path("run", gpu=result.gpu, run_id=result.run_id),
+                          views.run(data, result)))
+    return sorted(pages, key=lambda p: p.path)

@@ -1,0 +1,222 @@
+"""What each page shows: the template context of the home, problem and run pages.
+
+Contexts hold the loaded records themselves (templates read their fields under StrictUndefined)
+plus what a template should not compute: charts, rendered Markdown, highlighted source, and the
+printed arithmetic behind each headline number. Links are made in the templates with `url()`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from markdown_it import MarkdownIt
+from markupsafe import Markup
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import PythonLexer
+
+from kernelboard.eval.roofline import geomean
+
+from . import charts
+from .board import (
+    ORDERING_RULE,
+    OUTCOME_LABELS,
+    STATUS_HELP,
+    STATUS_LABELS,
+    STATUS_TONES,
+    Board,
+    build_boards,
+    gpu_label,
+    gpu_order,
+    problem_entries,
+    reason_for,
+)
+from .format import num, speedup
+from .load import CPU_KEY, Hardware, Problem, Result, ShapeResult, SiteData
+
+#: Pygments settings; `pygments_css()` emits the matching stylesheet once into static/.
+PYGMENTS_STYLE = "github-dark"
+_FORMATTER = HtmlFormatter(style=PYGMENTS_STYLE, cssclass="highlight", linenos="table", wrapcode=True)
+
+
+def pygments_css() -> str:
+    return _FORMATTER.get_style_defs(".highlight") + "\n"
+
+
+def _markdown(text: str) -> Markup:
+    """CommonMark plus tables, raw HTML off, headings moved one level down (the page owns h1)."""
+    md = MarkdownIt("commonmark", {"html": False}).enable("table")
+    tokens = md.parse(text)
+    for token in tokens:
+        if token.type in ("heading_open", "heading_close"):
+            token.tag = f"h{min(int(token.tag[1]) + 1, 6)}"
+    return Markup(md.renderer.render(tokens, md.options, {}))
+
+
+def _safe_href(url: str | None) -> str | None:
+    """An external link only when it is http(s); anything else is shown as text, not linked."""
+    return url if url and urlsplit(url).scheme in ("http", "https") else None
+
+
+def peak_text(problem: Problem, hardware: Hardware | None) -> str:
+    """The peak a problem's roofline fraction is measured against on one GPU, in words."""
+    if hardware is None:
+        return "no datasheet peak (CPU timings)"
+    if problem.regime == "memory":
+        return f"memory bandwidth ({num(hardware.bandwidth_gb_s, 0)} GB/s)"
+    key = problem.peak_tflops_key
+    return f"dense {key} compute ({num(hardware.peak_tflop_s.get(key))} TFLOP/s)"
+
+
+# ------------------------------------------------------------------------------------------ home
+
+
+@dataclass(frozen=True)
+class GpuSection:
+    gpu: str
+    label: str
+    is_cpu: bool
+    hardware: Hardware | None
+    boards: tuple[Board, ...]
+
+
+def home(data: SiteData) -> dict[str, Any]:
+    boards = build_boards(data)
+    sections = [
+        GpuSection(gpu, gpu_label(data, gpu), gpu == CPU_KEY, data.hardware.get(gpu),
+                   tuple(b for b in boards if b.gpu == gpu))
+        for gpu in gpu_order(b.gpu for b in boards)
+    ]
+    return {
+        "title": "Leaderboards",
+        "sections": sections,
+        "problems": [data.problems[k] for k in sorted(data.problems)],
+        "ordering_rule": ORDERING_RULE,
+        "legend": [(s, STATUS_LABELS[s], STATUS_TONES[s], STATUS_HELP[s]) for s in STATUS_LABELS],
+        "n_runs": len(data.runs),
+        "n_results": len(data.results),
+        "charts": False,
+    }
+
+
+# --------------------------------------------------------------------------------------- problem
+
+
+@dataclass(frozen=True)
+class BaselineRow:
+    shape_idx: int
+    label: str
+    cells: tuple[Any, ...]  # one Baseline (or None) per variant
+
+
+def _baseline_rows(data: SiteData, bench: str, name: str, gpu: str) -> tuple[tuple[str, ...], list[BaselineRow]]:
+    rows = [b for b in data.baselines if (b.bench, b.problem, b.gpu) == (bench, name, gpu)]
+    variants = tuple(sorted({b.variant for b in rows}))
+    by_shape: dict[int, dict[str, Any]] = {}
+    labels: dict[int, str] = {}
+    for b in rows:
+        by_shape.setdefault(b.shape_idx, {})[b.variant] = b
+        labels[b.shape_idx] = b.shape_label
+    return variants, [BaselineRow(i, labels[i], tuple(by_shape[i].get(v) for v in variants))
+                      for i in sorted(by_shape)]
+
+
+def problem(data: SiteData, bench: str, name: str) -> dict[str, Any]:
+    prob = data.problems[(bench, name)]
+    readme = prob.folder / "README.md"
+    gpus = []
+    for gpu, entries in problem_entries(data, bench, name).items():
+        label = gpu_label(data, gpu)
+        hardware = data.hardware.get(gpu)
+        passes = [e for e in entries if e.result.is_pass]
+        roof = [e for e in passes if e.result.peak_fraction is not None]
+        variants, baseline_rows = _baseline_rows(data, bench, name, gpu)
+        gpus.append({
+            "gpu": gpu,
+            "label": label,
+            "is_cpu": gpu == CPU_KEY,
+            "entries": entries,
+            "peak_text": peak_text(prob, hardware),
+            "variants": variants,
+            "baseline_rows": baseline_rows,
+            "speedup_chart": charts.speedup_chart(
+                f"chart-speedup-{gpu}", [e.label for e in passes],
+                [e.result.speedup_vs_compile for e in passes],  # type: ignore[misc]
+                [e.run.is_house for e in passes], label) if passes else None,
+            "roofline_chart": charts.roofline_chart(
+                f"chart-roofline-{gpu}", [e.label for e in roof],
+                [e.result.peak_fraction for e in roof],  # type: ignore[misc]
+                [e.run.is_house for e in roof], label, peak_text(prob, hardware)) if roof else None,
+        })
+    return {
+        "title": prob.display_name,
+        "problem": prob,
+        "readme_html": _markdown(readme.read_text(encoding="utf-8")) if readme.is_file() else None,
+        "shapes": [
+            {"shape": s, "params": ", ".join(f"{k}={v}" for k, v in s.params.items()),
+             "gflop": prob.flops(s) / 1e9, "mb": prob.bytes_moved(s) / 1e6}
+            for s in prob.shapes
+        ],
+        "gpus": gpus,
+        "charts": any(g["speedup_chart"] or g["roofline_chart"] for g in gpus),
+    }
+
+
+# ------------------------------------------------------------------------------------------- run
+
+
+@dataclass(frozen=True)
+class Arithmetic:
+    """A geomean written out so it can be checked by hand: (a × b × …)^(1/n) = value."""
+
+    terms: tuple[str, ...]
+    value: float
+
+    @property
+    def text(self) -> str:
+        return f"({' × '.join(self.terms)})^(1/{len(self.terms)}) = {speedup(self.value)}"
+
+
+def _arithmetic(shapes: tuple[ShapeResult, ...]) -> Arithmetic | None:
+    values = [s.speedup_vs_compile for s in shapes]
+    if not values or any(v is None for v in values):
+        return None
+    return Arithmetic(tuple(f"{v:.3f}" for v in values), geomean(values))  # type: ignore[arg-type]
+
+
+def _params(shape_json: str) -> str:
+    try:
+        params = json.loads(shape_json)
+    except json.JSONDecodeError:
+        return shape_json
+    if not isinstance(params, dict):
+        return shape_json
+    return ", ".join(f"{k}={v}" for k, v in params.items())
+
+
+def run(data: SiteData, result: Result) -> dict[str, Any]:
+    the_run = data.runs[result.run_id]
+    prob = data.problems[(the_run.bench, the_run.problem)]
+    source = data.solutions.get(result.run_id)
+    return {
+        "title": f"{prob.display_name} · {the_run.model_display}",
+        "run": the_run,
+        "result": result,
+        "problem": prob,
+        "gpu_label": gpu_label(data, result.gpu),
+        "hardware": data.hardware.get(result.gpu),
+        "status_label": STATUS_LABELS[result.status],
+        "tone": STATUS_TONES[result.status],
+        "reason": reason_for(the_run, result),
+        "outcome_label": OUTCOME_LABELS[the_run.agent_outcome],
+        "cpu_timings": result.timer == "cpu_wall",
+        "arithmetic": _arithmetic(result.shapes) if result.is_pass else None,
+        "shape_params": {s.shape_idx: _params(s.shape_json) for s in result.shapes},
+        "peak_text": peak_text(prob, data.hardware.get(result.gpu)),
+        "source_html": Markup(highlight(source, PythonLexer(), _FORMATTER)) if source is not None else None,
+        "trace_href": _safe_href(the_run.trace_url),
+        "charts": False,
+    }
