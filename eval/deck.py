@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,35 @@ class StressCase:
 
 
 @dataclass(frozen=True)
+class StructuralCase:
+    """Inputs rewritten by `reference.<function>(inputs, **params)`: ragged lengths, ties, …"""
+
+    function: str
+    params: dict[str, int]
+
+    @property
+    def name(self) -> str:
+        return f"{self.function}({', '.join(f'{k}={v}' for k, v in sorted(self.params.items()))})"
+
+
+@dataclass(frozen=True)
+class StructuralStress:
+    function: str
+    canonical: tuple[dict[str, int], ...]
+    random_count: int
+    random_ranges: dict[str, tuple[int, int]]
+
+    def cases(self, seed: int) -> list[StructuralCase]:
+        """The canonical cases, then `random_count` drawn from `seed` (so a run can be replayed)."""
+        rng = random.Random(seed)
+        drawn = [
+            {k: rng.randint(lo, hi) for k, (lo, hi) in sorted(self.random_ranges.items())}
+            for _ in range(self.random_count)
+        ]
+        return [StructuralCase(self.function, dict(p)) for p in (*self.canonical, *drawn)]
+
+
+@dataclass(frozen=True)
 class Problem:
     bench: str
     name: str
@@ -73,6 +103,7 @@ class Problem:
     tolerance: dict[str, tuple[float, float]]
     numeric_stress: tuple[StressCase, ...]
     forbidden: tuple[str, ...]
+    structural_stress: StructuralStress | None
     raw: dict[str, Any] = field(repr=False, compare=False)
 
     @property
@@ -161,6 +192,19 @@ def _shapes(items: Any, where: str, globals_: dict[str, str]) -> tuple[Shape, ..
     return tuple(shapes)
 
 
+def _structural(data: Any, where: str) -> StructuralStress | None:
+    if data is None:
+        return None
+    f = _Fields(data, where)
+    ranges = {}
+    for key, bounds in f.get("random_ranges", dict, {}).items():
+        if not (isinstance(bounds, list) and len(bounds) == 2 and all(isinstance(b, int) for b in bounds)):
+            raise DeckError(f"{where}.random_ranges.{key}: expected [low, high] integers, got {bounds!r}")
+        ranges[str(key)] = (bounds[0], bounds[1])
+    canonical = tuple(dict(_Fields(c, f"{where}.canonical").data) for c in f.get("canonical", list, []))
+    return StructuralStress(f.get("function", str), canonical, f.get("random_count", int, 0), ranges)
+
+
 def load_problem(folder: Path) -> Problem:
     """Load one problem folder; raise `DeckError` naming the file and key on any mistake."""
     path = folder / "problem.yaml"
@@ -202,6 +246,7 @@ def load_problem(folder: Path) -> Problem:
         tolerance=_tolerances(f.get("tolerance", dict, {}), f"{path}: tolerance"),
         numeric_stress=tuple(stress),
         forbidden=tuple(str(s) for s in f.get("forbidden", list, [])),
+        structural_stress=_structural(data.get("structural_stress"), f"{path}: structural_stress"),
         raw=data,
     )
     for shape in problem.shapes + problem.cpu_shapes:

@@ -178,7 +178,8 @@ def _cached_baselines(out: Path, gpu: str, problem: Problem, env: dict[str, Any]
     for row in read_table(path, "baselines").to_pylist():
         same = (row["problem"] == problem.name and row["bench"] == problem.bench
                 and row["device_name"] == env["device_name"] and row["torch_version"] == env["torch_version"]
-                and row["triton_version"] == env.get("triton_version"))
+                and row["triton_version"] == env.get("triton_version")
+                and row["grader_version"] == GRADER_VERSION)
         if same:
             found.setdefault(row["shape_idx"], {})[row["variant"]] = row
     return found
@@ -211,7 +212,7 @@ def ensure_baselines(opts: EvalOptions, gpu: str, problem: Problem, env: dict[st
                      "status": b["status"], "message": b["message"], **stats, "timer": _timer(opts.device),
                      "device_name": env["device_name"], "torch_version": env["torch_version"],
                      "triton_version": env.get("triton_version"), "cuda_version": env.get("cuda_version"),
-                     "measured_at": _now()})
+                     "grader_version": GRADER_VERSION, "measured_at": _now()})
     upsert(table_path(opts.out, gpu, "baselines"), "baselines", rows)
     return _cached_baselines(opts.out, gpu, problem, env)
 

@@ -147,6 +147,7 @@ BASELINES = _schema(
     _f("torch_version", pa.string()),
     _f("triton_version", pa.string()),
     _f("cuda_version", pa.string()),
+    _f("grader_version", pa.string(), False),
     _f("measured_at", _ts, False),
 )
 

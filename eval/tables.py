@@ -137,6 +137,7 @@ def write_atomic(table: pa.Table, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600; published tables are world-readable
     try:
         pq.write_table(table, tmp, compression="zstd")
         with open(tmp, "rb") as fh:

@@ -8,15 +8,19 @@ Method of `time_cuda` (Triton's `do_bench` pattern, made stricter):
 2. Estimate: 5 synchronised calls give a per-call time; the iteration count is
    `rep_ms / estimate`, clamped to [`min_iters`, `max_iters`].
 3. Timed loop, one CUDA event pair per call on the current stream: before each call a buffer of
-   twice the L2 size is zeroed (cold L2 for every call), then start event, the call, end event.
-   Calls rotate over at least two input sets, so an output cache keyed on the inputs cannot
-   serve a timed call. One synchronise at the end; the last output per input set is returned so
-   the caller can check what the timed calls computed.
+   twice the L2 size is zeroed (cold L2 for every call) and the device is synchronised, then
+   start event, the call, end event. The GPU is idle when the start event runs, so a sample is
+   the call's whole latency: host dispatch plus GPU work, for every contestant alike (without
+   the synchronise, dispatch overlaps the flush by a varying amount, and launch-bound calls
+   measured 0.3–0.45 ms for a 0.4 ms median on an H200). Calls rotate over at least two input
+   sets, so an output cache keyed on the inputs cannot serve a timed call; the last output per
+   input set is returned so the caller can check what the timed calls computed.
 4. Statistic: median, with p10, p90, min and the iteration count.
 
 Known biases: events on the current stream miss work on other streams (the caller cross-checks
-wall time); host launch overhead overlaps the flush kernel, so a launch-bound call is measured
-as GPU time, not host-plus-GPU time; clocks are not locked (the GPU is measured as found).
+wall time); for launch-bound calls (tens of µs) host dispatch is a large share of the time,
+which is what a caller pays but not what the GPU does; clocks are not locked (the GPU is
+measured as found, after a spin-up that lifts it from idle clocks).
 """
 
 from __future__ import annotations
@@ -64,6 +68,15 @@ def _iterations(per_call_ms: float, rep_ms: float, min_iters: int, max_iters: in
     return int(min(max_iters, max(min_iters, rep_ms / max(per_call_ms, 1e-4))))
 
 
+def spin_up(buffer: torch.Tensor, ms: float = 200.0) -> None:
+    """Keep the GPU busy for `ms` so it leaves idle clocks before anything is measured."""
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        for _ in range(8):
+            buffer.zero_()
+        torch.cuda.synchronize()
+
+
 @torch.no_grad()
 def time_cuda(
     fn: Callable[..., Any],
@@ -80,6 +93,7 @@ def time_cuda(
     _check_sets(input_sets)
     n = len(input_sets)
     flush = torch.empty(max(2 * l2_bytes, 1 << 24) // 4, dtype=torch.int32, device="cuda")
+    spin_up(flush)
     start = time.perf_counter()
     calls = 0
     while calls < min_warmup or (time.perf_counter() - start) * 1e3 < warmup_ms:
@@ -99,6 +113,7 @@ def time_cuda(
     wall0 = time.perf_counter()
     for i in range(iters):
         flush.zero_()
+        torch.cuda.synchronize()
         starts[i].record()
         last[i % n] = fn(*input_sets[i % n])
         ends[i].record()

@@ -164,19 +164,38 @@ def _build_model(module: types.ModuleType, init_args: list[Any], device: str) ->
 
 
 @dataclass
+class Check:
+    """One call to verify: its inputs, pristine copies of them, and the reference output."""
+
+    label: str
+    inputs: list[Any]
+    pristine: list[Any]
+    ref_out: torch.Tensor
+    stress: StressCase | None
+
+
+@dataclass
 class ShapePlan:
     """Everything computed from the reference for one shape, before any candidate code runs."""
 
     shape: Shape
     init_args: list[Any]
     state_dict: dict[str, torch.Tensor]
-    checks: list[tuple[int, StressCase | None, list[Any], list[Any], torch.Tensor]] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
     timing_sets: list[list[Any]] = field(default_factory=list)
     timing_refs: list[torch.Tensor] = field(default_factory=list)
 
 
+def _clone_all(inputs: list[Any]) -> list[Any]:
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+@torch.no_grad()
 def _plan(problem: Problem, reference: types.ModuleType, shapes: tuple[Shape, ...], seeds: list[int],
-          timing_seeds: tuple[int, int], device: str) -> list[ShapePlan]:
+          timing_seeds: tuple[int, ...], device: str) -> list[ShapePlan]:
+    """Reference outputs for every shape × seed × stress case (numeric, then structural, drawn
+    from the last seed — the run's fresh one) and for the timing input sets."""
+    structural = problem.structural_stress.cases(seeds[-1]) if problem.structural_stress else []
     plans = []
     for shape in shapes:
         _apply_shape(reference, problem, shape)
@@ -184,17 +203,21 @@ def _plan(problem: Problem, reference: types.ModuleType, shapes: tuple[Shape, ..
         torch.manual_seed(seeds[0])
         ref_model = _build_model(reference, init_args, device)
         plan = ShapePlan(shape, init_args, {k: v.detach().clone() for k, v in ref_model.state_dict().items()})
-        with torch.no_grad():
-            for seed in seeds:
-                inputs = _draw_inputs(reference, seed, device)
-                pristine = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-                for case in (None, *problem.numeric_stress):
-                    ref_out = ref_model(*_scaled(inputs, case))
-                    plan.checks.append((seed, case, inputs, pristine, ref_out))
-            for seed in timing_seeds:
-                inputs = _draw_inputs(reference, seed + 7919 * shape.idx, device)
-                plan.timing_sets.append(inputs)
-                plan.timing_refs.append(ref_model(*inputs))
+        for seed in seeds:
+            inputs = _draw_inputs(reference, seed, device)
+            for case in (None, *problem.numeric_stress):
+                case_inputs = _scaled(inputs, case)
+                label = f"seed {seed} case {case.name if case else 'nominal'}"
+                plan.checks.append(Check(label, case_inputs, _clone_all(case_inputs), ref_model(*case_inputs), case))
+        base = _draw_inputs(reference, seeds[0], device)
+        for sc in structural:
+            case_inputs = getattr(reference, sc.function)(base, **sc.params)
+            plan.checks.append(Check(f"seed {seeds[0]} case {sc.name}", case_inputs, _clone_all(case_inputs),
+                                     ref_model(*case_inputs), None))
+        for seed in timing_seeds:
+            inputs = _draw_inputs(reference, seed + 7919 * shape.idx, device)
+            plan.timing_sets.append(inputs)
+            plan.timing_refs.append(ref_model(*inputs))
         plans.append(plan)
         del ref_model
     return plans
@@ -237,20 +260,19 @@ def _call(model: torch.nn.Module, inputs: list[Any], what: str) -> Any:
 
 def _check_shape(problem: Problem, plan: ShapePlan, model: torch.nn.Module, state: dict[str, Any],
                  device: str) -> float:
-    """Every seed × stress case of one shape; returns the worst normalised error."""
+    """Every check of one shape; returns the worst normalised error ‖d‖/‖ref‖."""
     worst = 0.0
-    for seed, case, inputs, pristine, ref_out in plan.checks:
-        name = case.name if case else "nominal"
-        where = f"shape {plan.shape.idx} ({plan.shape.label}) seed {seed} case {name}"
-        out = _call(model, _scaled(inputs, case), where)
+    for check in plan.checks:
+        where = f"shape {plan.shape.idx} ({plan.shape.label}) {check.label}"
+        out = _call(model, check.inputs, where)
         if device == "cuda":
             torch.cuda.synchronize()
         _check_state(state, f"during {where}")
-        for i, (now, then) in enumerate(zip(inputs, pristine, strict=True)):
+        for i, (now, then) in enumerate(zip(check.inputs, check.pristine, strict=True)):
             if isinstance(now, torch.Tensor) and not torch.equal(now, then):
                 raise Failure("integrity_violation", f"{where}: the solution wrote into input {i}")
-        atol, rtol = problem.tolerance_for(dtype_name(ref_out.dtype), case)
-        verdict = compare(ref_out, out, atol, rtol)
+        atol, rtol = problem.tolerance_for(dtype_name(check.ref_out.dtype), check.stress)
+        verdict = compare(check.ref_out, out, atol, rtol)
         if not verdict.ok:
             raise Failure("wrong", f"{where}: {verdict.message}")
         worst = max(worst, verdict.rel_err or 0.0)
@@ -319,8 +341,10 @@ def grade(job: dict[str, Any], result: dict[str, Any]) -> None:
         print(f"[worker] shape {plan.shape.idx} median {stats.median_ms:.4f} ms × {stats.iterations}", flush=True)
         result["shapes"].append({"idx": plan.shape.idx, **stats.row(), "wall_ms": stats.wall_ms,
                                  "max_rel_err": worst})
-    result.update(status="pass", message=f"correct on {len(plans)} shapes × {len(seeds)} seeds × "
-                                         f"{1 + len(problem.numeric_stress)} cases")
+    n_checks = sum(len(p.checks) for p in plans)
+    result.update(status="pass", message=f"correct on all {n_checks} checks ({len(plans)} shapes × "
+                                         f"{len(seeds)} seeds × {1 + len(problem.numeric_stress)} numeric "
+                                         f"cases + structural cases) and on every timed call")
 
 
 def baselines(job: dict[str, Any], result: dict[str, Any]) -> None:

@@ -23,8 +23,9 @@ ORDERING_RULE = (
     "the best — a pass scores its speedup over torch.compile divided by the best AI-model speedup on "
     "that problem on this GPU (so the best scores 1); a failure, or a problem the model has no run on, "
     "scores 0; a DNF is left out of the mean (it shrinks the denominator), because the infrastructure, "
-    "not the model, ended that run. Ties go to more passes, then to the name. House kernels are "
-    "reference points: shown, never ranked, and never the best."
+    "not the model, ended that run. Ties go to more passes, then to the name. House rows (the house "
+    "kernel and calibration rows, harness 'house') are reference points: shown, never ranked, and "
+    "never the best."
 )
 
 #: How each grading status is named on the pages.
@@ -85,7 +86,8 @@ OUTCOME_LABELS: dict[str, str] = {
 for _table, _known in ((STATUS_LABELS, STATUSES), (STATUS_HELP, STATUSES), (STATUS_TONES, STATUSES),
                        (OUTCOME_LABELS, AGENT_OUTCOMES)):
     if set(_table) != set(_known):  # the schema grew a value: name it here before building
-        raise RuntimeError(f"sitegen.board labels out of date with eval.schema: {sorted(set(_known) ^ set(_table))}")
+        raise RuntimeError(f"sitegen.board labels out of date with eval.schema: "
+                           f"{sorted(set(_known) ^ set(_table))}")
 
 CPU_LABEL = "CPU (test timings)"
 
@@ -130,13 +132,17 @@ class Row:
 
     model: str
     display: str
-    is_house: bool
+    tag: str | None  # 'house kernel' or 'calibration' for house rows; None for AI models
     harnesses: tuple[str, ...]
     cells: tuple[Cell | None, ...]
     score: float | None  # None for house rows, and when every cell is a DNF
     passes: int
     counted: int  # the score's denominator: problems on the board minus this row's DNF cells
     rank: int | None
+
+    @property
+    def is_house(self) -> bool:
+        return self.tag is not None
 
     @property
     def dnfs(self) -> int:
@@ -216,16 +222,29 @@ def _board(data: SiteData, gpu: str, bench: str, results: list[Result]) -> Board
     return Board(bench, gpu, gpu_label(data, gpu), problems, rank_rows(rows))
 
 
-def _row(model: str, runs: list[Run], cells: tuple[Cell | None, ...]) -> Row:
-    latest = max(runs, key=lambda r: r.run_id)
-    is_house = latest.is_house
-    passes = sum(1 for c in cells if c is not None and c.state == "pass")
+def score(cells: Iterable[Cell | None]) -> tuple[float | None, int, int]:
+    """(score, passes, counted) of one row under ORDERING_RULE.
+
+    `counted` is the denominator: every problem on the board except this row's DNF cells. A
+    pass adds its share of the best, a failure or an empty cell (None) adds 0. The score is
+    None when nothing is counted (every cell a DNF): no evidence either way.
+    """
+    cells = list(cells)
+    passes = [c for c in cells if c is not None and c.state == "pass"]
     counted = sum(1 for c in cells if c is None or c.state != "dnf")
-    score = None
-    if not is_house and counted:
-        score = sum(c.share or 0.0 for c in cells if c is not None and c.state == "pass") / counted
-    return Row(model, latest.model_display, is_house, tuple(sorted({r.harness for r in runs})), cells,
-               score, passes, counted, None)
+    total = sum(c.share or 0.0 for c in passes)
+    return (total / counted if counted else None), len(passes), counted
+
+
+def _row(model: str, runs: list[Run], cells: tuple[Cell | None, ...]) -> Row:
+    """A model's row, named after its latest run (by run_id); a row with any house run is a house row,
+    shown with its tag and not scored."""
+    latest = max(runs, key=lambda r: r.run_id)
+    house = next((r for r in sorted(runs, key=lambda r: r.run_id, reverse=True) if r.is_house), None)
+    tag = house.house_tag if house else None
+    value, passes, counted = score(cells)
+    return Row(model, latest.model_display, tag, tuple(sorted({r.harness for r in runs})), cells,
+               None if tag else value, passes, counted, None)
 
 
 def rank_rows(rows: Iterable[Row]) -> tuple[Row, ...]:
@@ -234,8 +253,10 @@ def rank_rows(rows: Iterable[Row]) -> tuple[Row, ...]:
     rows = list(rows)
     scored = sorted((r for r in rows if r.score is not None),
                     key=lambda r: (-r.score, -r.passes, r.display, r.model))  # type: ignore[operator]
-    unscored = sorted((r for r in rows if r.score is None and not r.is_house), key=lambda r: (r.display, r.model))
-    house = sorted((r for r in rows if r.is_house), key=lambda r: (r.display, r.model))
+    unscored = sorted((r for r in rows if r.score is None and not r.is_house),
+                      key=lambda r: (r.display, r.model))
+    house = sorted((r for r in rows if r.is_house),
+                   key=lambda r: (r.tag != "house kernel", r.display, r.model))
     ranked = []
     for r in scored:
         rank = 1 + sum(1 for o in scored if (o.score, o.passes) > (r.score, r.passes))
@@ -258,6 +279,10 @@ class Entry:
     @property
     def reason(self) -> str:
         return reason_for(self.run, self.result)
+
+    @property
+    def status_label(self) -> str:
+        return STATUS_LABELS[self.result.status]
 
 
 def problem_entries(data: SiteData, bench: str, problem: str) -> dict[str, tuple[Entry, ...]]:

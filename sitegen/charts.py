@@ -8,6 +8,7 @@ are always printed in a table beside the chart, so a page without JavaScript los
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import plotly.graph_objects as go
@@ -50,13 +51,15 @@ def _colors(is_house: Sequence[bool]) -> list[str]:
 def speedup_chart(div_id: str, labels: Sequence[str], speedups: Sequence[float],
                   is_house: Sequence[bool], gpu_label: str) -> Markup:
     """Bars of geomean speedup over torch.compile per submission on a log axis, a line at 1×."""
+    # Bars grow from 1× (torch.compile) up to a faster or down to a slower kernel.
     fig = go.Figure(go.Bar(
-        x=list(labels), y=list(speedups), marker_color=_colors(is_house),
+        x=list(labels), y=[v - 1.0 for v in speedups], base=1.0, marker_color=_colors(is_house),
         text=[f"{v:.2f}×" for v in speedups], textposition="outside", cliponaxis=False,
-        hovertemplate="%{x}<br>%{y:.3f}× torch.compile<extra></extra>",
+        customdata=list(speedups), hovertemplate="%{x}<br>%{customdata:.3f}× torch.compile<extra></extra>",
     ))
+    low, high = min(min(speedups), 1.0), max(max(speedups), 1.0)
     fig.update_layout(_layout(f"Speedup over torch.compile — {gpu_label}", "speedup (×, log scale)",
-                              type="log"))
+                              type="log", range=[math.log10(low) - 0.25, math.log10(high) + 0.25]))
     fig.add_hline(y=1, line_dash="dash", line_color=COLORS["muted"], annotation_text="torch.compile (1×)",
                   annotation_position="top left", annotation_font_color=COLORS["muted"])
     return _html(fig, div_id)

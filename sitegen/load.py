@@ -17,12 +17,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kernelboard.errors import DataError, DeckError
 from kernelboard.eval.deck import Problem, load_problem
 from kernelboard.eval.hardware import PRECISIONS
 from kernelboard.eval.roofline import geomean
+from kernelboard.eval.schema import TABLES
 from kernelboard.eval.submission import RUN_ID_PATTERN
 from kernelboard.eval.tables import load_all
+
+from kernelboard.errors import DataError, DeckError
 
 #: Results graded with `--device cpu` live under this GPU key; they have no hardware row.
 CPU_KEY = "cpu"
@@ -30,11 +32,16 @@ CPU_KEY = "cpu"
 #: The model name of kernels written by the kernelboard maintainers (reference points, not AI models).
 HOUSE_MODEL = "kernelboard-house"
 
+#: The harness of every run made by the maintainers rather than an agent: the house kernel and
+#: calibration rows (the reference submitted as a solution, a deliberately wrong kernel).
+HOUSE_HARNESS = "house"
+
 #: Relative tolerance between a pass's headline speedup and the geomean of its shape rows.
 _GEOMEAN_RTOL = 1e-6
 
 __all__ = [
     "CPU_KEY",
+    "HOUSE_HARNESS",
     "HOUSE_MODEL",
     "Baseline",
     "Hardware",
@@ -74,8 +81,15 @@ class Run:
 
     @property
     def is_house(self) -> bool:
-        """A kernel written by the kernelboard maintainers, not by an AI model."""
-        return self.model == HOUSE_MODEL
+        """Made by the kernelboard maintainers, not by an AI model: never ranked, never the best."""
+        return self.harness == HOUSE_HARNESS or self.model == HOUSE_MODEL
+
+    @property
+    def house_tag(self) -> str | None:
+        """How the pages label a house run: 'house kernel', or 'calibration' for the other house rows."""
+        if not self.is_house:
+            return None
+        return "house kernel" if self.model == HOUSE_MODEL else "calibration"
 
 
 @dataclass(frozen=True)
@@ -183,7 +197,8 @@ class Hardware:
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Hardware:
         peaks = {p: row[f"peak_tflop_s_{p}"] for p in PRECISIONS if row.get(f"peak_tflop_s_{p}") is not None}
-        return cls(peak_tflop_s=peaks, **{f.name: row[f.name] for f in fields(cls) if f.name != "peak_tflop_s"})
+        rest = {f.name: row[f.name] for f in fields(cls) if f.name != "peak_tflop_s"}
+        return cls(peak_tflop_s=peaks, **rest)
 
 
 @dataclass(frozen=True)
@@ -196,6 +211,7 @@ class SiteData:
     hardware: dict[str, Hardware]
     problems: dict[tuple[str, str], Problem]  # (bench, problem name) -> deck problem
     solutions: dict[str, str]  # run_id -> solution.py text, for runs that have one
+    table_files: dict[str, Path]  # "data/results/<gpu>/<table>.parquet" -> the file, offered for download
 
     @property
     def last_updated(self) -> datetime | None:
@@ -249,6 +265,8 @@ def load_site(data_dir: Path, decks_dir: Path) -> SiteData:
         hardware=hardware,
         problems=_load_decks(decks_dir, runs),
         solutions=_read_solutions(data_dir / "submissions", runs),
+        table_files={f"data/results/{p.parent.name}/{p.name}": p
+                     for p in sorted(results_dir.glob("*/*.parquet")) if p.stem in TABLES},
     )
 
 
@@ -260,6 +278,7 @@ def _check_keys(results_dir: Path, runs: dict[str, Run], results: tuple[Result, 
     values += [("runs", f, getattr(r, f)) for r in runs.values() for f in ("bench", "problem")]
     values += [("results", "gpu", r.gpu) for r in results]
     values += [("baselines", "gpu", b.gpu) for b in baselines]
+    values += [("results folder", "name", p.name) for p in results_dir.iterdir() if p.is_dir()]
     for table, field, value in sorted(set(values)):
         if not RUN_ID_PATTERN.match(value):
             bad.append(f"{results_dir}: {table}.parquet: field '{field}': {value!r} is not usable in a URL "
@@ -279,7 +298,8 @@ def _check_results(results_dir: Path, runs: dict[str, Run], results: tuple[Resul
     for i, r in enumerate(results):
         where = f"{results_dir / r.gpu / 'results.parquet'}: row {i} (run_id={r.run_id!r}, gpu={r.gpu!r})"
         if r.gpu != CPU_KEY and r.gpu not in hardware:
-            bad.append(f"{where}: field 'gpu': no row for {r.gpu!r} in {results_dir / r.gpu / 'hardware.parquet'}"
+            bad.append(f"{where}: field 'gpu': no row for {r.gpu!r} in "
+                       f"{results_dir / r.gpu / 'hardware.parquet'}"
                        " (the site needs the GPU's name and peaks)")
         if not r.is_pass:
             continue
@@ -288,7 +308,8 @@ def _check_results(results_dir: Path, runs: dict[str, Run], results: tuple[Resul
             bad.append(f"{where}: field 'n_shapes': a pass over {r.n_shapes} shapes has {len(r.shapes)} "
                        f"rows in shapes.parquet")
         elif any(v is None or not (math.isfinite(v) and v > 0) for v in speedups):
-            bad.append(f"{where}: shapes.parquet: a pass needs a positive 'speedup_vs_compile' on every shape")
+            bad.append(f"{where}: shapes.parquet: a pass needs a positive 'speedup_vs_compile' "
+                       "on every shape")
         elif not math.isclose(geomean(speedups), r.speedup_vs_compile, rel_tol=_GEOMEAN_RTOL):  # type: ignore[arg-type]
             bad.append(f"{where}: field 'speedup_vs_compile': {r.speedup_vs_compile!r} is not the geomean of "
                        f"its shapes' speedups ({geomean(speedups)!r})")  # type: ignore[arg-type]

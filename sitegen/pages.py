@@ -32,7 +32,7 @@ PAGES: dict[str, PageKind] = {
 
 
 def page_path(kind: str, **keys: str) -> str:
-    """The output file of one page, e.g. page_path('run', gpu='h200', run_id='x') = 'runs/h200/x/index.html'."""
+    """The output file of one page: page_path('run', gpu='h200', run_id='x') = 'runs/h200/x/index.html'."""
     return PAGES[kind].path.format(**keys)
 
 

@@ -88,7 +88,8 @@ def _last_updated(data: SiteData) -> datetime | None:
         try:
             return datetime.fromtimestamp(int(epoch), tz=UTC)
         except ValueError:
-            raise KernelboardError(f"SOURCE_DATE_EPOCH must be whole seconds since 1970, got {epoch!r}") from None
+            message = f"SOURCE_DATE_EPOCH must be whole seconds since 1970, got {epoch!r}"
+            raise KernelboardError(message) from None
     return data.last_updated
 
 
@@ -157,7 +158,8 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path) -> BuildReport:
     started = time.perf_counter()
     data = load_site(Path(data_dir), Path(decks_dir))
     pages = render_all(data)
-    files = {**_assets(), **pages}
+    tables = {rel: path.read_bytes() for rel, path in sorted(data.table_files.items())}
+    files = {**_assets(), **tables, **pages}
     out_dir = Path(out_dir)
     _check_out_dir(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)

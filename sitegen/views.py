@@ -12,13 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from kernelboard.eval.roofline import geomean
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import PythonLexer
-
-from kernelboard.eval.roofline import geomean
 
 from . import charts
 from .board import (
@@ -96,6 +95,7 @@ def home(data: SiteData) -> dict[str, Any]:
         "problems": [data.problems[k] for k in sorted(data.problems)],
         "ordering_rule": ORDERING_RULE,
         "legend": [(s, STATUS_LABELS[s], STATUS_TONES[s], STATUS_HELP[s]) for s in STATUS_LABELS],
+        "downloads": sorted(data.table_files),
         "n_runs": len(data.runs),
         "n_results": len(data.results),
         "charts": False,
@@ -112,7 +112,9 @@ class BaselineRow:
     cells: tuple[Any, ...]  # one Baseline (or None) per variant
 
 
-def _baseline_rows(data: SiteData, bench: str, name: str, gpu: str) -> tuple[tuple[str, ...], list[BaselineRow]]:
+def _baseline_rows(data: SiteData, bench: str, name: str,
+                   gpu: str) -> tuple[tuple[str, ...], list[BaselineRow]]:
+    """Baseline variants measured for a problem on a GPU, and one row per shape of their timings."""
     rows = [b for b in data.baselines if (b.bench, b.problem, b.gpu) == (bench, name, gpu)]
     variants = tuple(sorted({b.variant for b in rows}))
     by_shape: dict[int, dict[str, Any]] = {}
@@ -132,7 +134,8 @@ def problem(data: SiteData, bench: str, name: str) -> dict[str, Any]:
         label = gpu_label(data, gpu)
         hardware = data.hardware.get(gpu)
         passes = [e for e in entries if e.result.is_pass]
-        roof = [e for e in passes if e.result.peak_fraction is not None]
+        # CPU timings have no datasheet peak to be a fraction of: no roofline chart for them.
+        roof = [e for e in passes if e.result.peak_fraction is not None and gpu != CPU_KEY]
         variants, baseline_rows = _baseline_rows(data, bench, name, gpu)
         gpus.append({
             "gpu": gpu,

@@ -74,5 +74,33 @@ def get_inputs():
     return [query, kv_cache, block_table, seq_lens]
 
 
+def ragged_lengths(inputs, divisor, tail, stride):
+    """Structural stress: short ragged lengths whose exact answer is +1 everywhere.
+
+    Sequence b gets length max(1, min(F, l - l % P + t)) with l = max(1, F // (divisor + b*stride)),
+    t = ((tail - 1 + b*stride) % 15) + 1 and F the nominal length: short and never a multiple
+    of the page size. The query and every K are zero (uniform attention); V is +1 on each
+    sequence's valid slots and -1 on every other slot of the pool, so the output is exactly +1
+    and any read past a length pulls it below.
+    """
+    query, kv_cache, block_table, seq_lens = inputs
+    page, d = kv_cache.shape[1], query.shape[-1]
+    full = int(seq_lens.max())
+    lengths = []
+    for b in range(seq_lens.shape[0]):
+        ell = max(1, full // (divisor + b * stride))
+        tau = ((tail - 1 + b * stride) % 15) + 1
+        lengths.append(max(1, min(full, ell - ell % page + tau)))
+    kv = kv_cache.clone()
+    kv[..., :d] = 0
+    kv[..., d:] = -1
+    table = block_table.long().cpu()
+    for b, length in enumerate(lengths):
+        for i in range((length + page - 1) // page):
+            kv[int(table[b, i]), : min(page, length - i * page), :, d:] = 1
+    lens = torch.tensor(lengths, dtype=torch.int32, device=seq_lens.device)
+    return [torch.zeros_like(query), kv, block_table.clone(), lens]
+
+
 def get_init_inputs():
     return [BATCH, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, SEQ_LEN, PAGE_SIZE]

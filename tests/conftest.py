@@ -1,0 +1,30 @@
+"""Shared fixtures: the generated site inputs (tests/site_fixtures.py) and one built site."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from site_fixtures import SiteInputs, make_site_inputs
+
+
+@pytest.fixture(scope="session")
+def site_inputs(tmp_path_factory: pytest.TempPathFactory) -> SiteInputs:
+    """Read-only inputs shared by the session; tests that change inputs use `fresh_inputs`."""
+    return make_site_inputs(tmp_path_factory.mktemp("inputs"))
+
+
+@pytest.fixture
+def fresh_inputs(tmp_path: Path) -> SiteInputs:
+    """A private copy of the inputs that a test may corrupt."""
+    return make_site_inputs(tmp_path / "inputs")
+
+
+@pytest.fixture(scope="session")
+def built_site(site_inputs: SiteInputs, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fixture site, built once: the `dist` folder."""
+    from kernelboard.sitegen import build_site  # here, so grader-only test runs never load the site stack
+
+    out = tmp_path_factory.mktemp("built") / "dist"
+    build_site(site_inputs.data_dir, site_inputs.decks_dir, out)
+    return out

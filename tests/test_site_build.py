@@ -1,0 +1,271 @@
+"""End-to-end builds of the fixture site: valid HTML, working links, same bytes, atomic failure."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+from xml.etree.ElementTree import Element
+
+import html5lib
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+from kernelboard.eval.tables import upsert
+from kernelboard.sitegen import build_site
+from kernelboard.sitegen.render import MARKER
+from site_fixtures import DNF, GPU, HOUSE, PASS, PROBLEM, REFERENCE, WRONG, SiteInputs
+
+from kernelboard.cli import main
+from kernelboard.errors import DataError, DeckError, KernelboardError
+
+EXPECTED_PAGES = {
+    "index.html",
+    f"problems/hard/{PROBLEM}/index.html",
+    *(f"runs/{GPU}/{r}/index.html" for r in (HOUSE, REFERENCE, PASS, WRONG, DNF)),
+    f"runs/cpu/{HOUSE}/index.html",
+}
+
+
+def _pages(site: Path) -> dict[str, Path]:
+    return {p.relative_to(site).as_posix(): p for p in sorted(site.rglob("*.html"))}
+
+
+def _tree(path: Path) -> Element:
+    return html5lib.parse(path.read_bytes(), treebuilder="etree", namespaceHTMLElements=False)
+
+
+def _text(element: Element) -> str:
+    return " ".join("".join(element.itertext()).split())
+
+
+def _snapshot(site: Path) -> dict[str, bytes]:
+    return {p.relative_to(site).as_posix(): p.read_bytes() for p in sorted(site.rglob("*")) if p.is_file()}
+
+
+def test_the_page_table_is_the_site(built_site: Path) -> None:
+    assert set(_pages(built_site)) == EXPECTED_PAGES
+    assert (built_site / "static" / "plotly.min.js").stat().st_size > 1_000_000
+    assert (built_site / "static" / "favicon.ico").read_bytes()[:4] == b"\0\0\1\0"
+    assert (built_site / MARKER).is_file()
+
+
+@pytest.mark.parametrize("page", sorted(EXPECTED_PAGES))
+def test_every_page_is_strictly_valid_html(built_site: Path, page: str) -> None:
+    html5lib.HTMLParser(strict=True).parse((built_site / page).read_bytes())
+
+
+def test_every_internal_link_resolves(built_site: Path) -> None:
+    """href/src are relative (no leading '/'), and each names a file or a folder with index.html;
+    each #fragment names an id on its target page."""
+    pages = _pages(built_site)
+    ids = {rel: {e.get("id") for e in _tree(path).iter() if e.get("id")} for rel, path in pages.items()}
+    checked = 0
+    for rel, path in pages.items():
+        for element in _tree(path).iter():
+            for attr in ("href", "src"):
+                url = element.get(attr)
+                if url is None:
+                    continue
+                parts = urlsplit(url)
+                if parts.scheme in ("http", "https"):
+                    continue
+                assert not parts.scheme and not parts.netloc, f"{rel}: {attr}={url!r} is not a relative link"
+                assert not url.startswith("/"), f"{rel}: {attr}={url!r} is root-absolute; breaks under /REPO/"
+                target = (path.parent / parts.path).resolve() if parts.path else path
+                if target.is_dir():
+                    target = target / "index.html"
+                assert target.is_file(), f"{rel}: {attr}={url!r} -> {target} does not exist"
+                assert built_site.resolve() in target.resolve().parents, f"{rel}: {url!r} leaves the site"
+                if parts.fragment:
+                    key = target.resolve().relative_to(built_site.resolve()).as_posix()
+                    assert parts.fragment in ids[key], f"{rel}: {url!r}: no id {parts.fragment!r} in {key}"
+                checked += 1
+    assert checked > 40
+
+
+def test_two_builds_are_byte_identical(site_inputs: SiteInputs, built_site: Path, tmp_path: Path) -> None:
+    again = tmp_path / "dist"
+    build_site(site_inputs.data_dir, site_inputs.decks_dir, again)
+    build_site(site_inputs.data_dir, site_inputs.decks_dir, again)  # replacing a previous build
+    assert _snapshot(again) == _snapshot(built_site)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dist"], "temporary folders left behind"
+
+
+def test_the_date_is_source_date_epoch_or_the_newest_grading(site_inputs: SiteInputs, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    build_site(site_inputs.data_dir, site_inputs.decks_dir, tmp_path / "a")
+    assert "Last updated 2026-11-29 19:30 UTC" in _text(_tree(tmp_path / "a" / "index.html"))
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1767225600")
+    build_site(site_inputs.data_dir, site_inputs.decks_dir, tmp_path / "b")
+    assert "Last updated 2026-01-01 00:00 UTC" in _text(_tree(tmp_path / "b" / "index.html"))
+    assert oct((tmp_path / "b").stat().st_mode & 0o777) == "0o755"  # world-readable for Pages
+
+
+def test_a_failed_build_leaves_the_previous_site_untouched(fresh_inputs: SiteInputs, tmp_path: Path) -> None:
+    out = tmp_path / "dist"
+    build_site(fresh_inputs.data_dir, fresh_inputs.decks_dir, out)
+    before = _snapshot(out)
+    (fresh_inputs.results_dir / GPU / "results.parquet").write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(DataError) as exc:
+        build_site(fresh_inputs.data_dir, fresh_inputs.decks_dir, out)
+    assert "results.parquet: cannot read as parquet" in str(exc.value)
+    assert _snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dist", "inputs"]
+
+
+def test_a_headline_that_is_not_the_geomean_of_its_shapes_is_a_data_error(fresh_inputs: SiteInputs,
+                                                                          tmp_path: Path) -> None:
+    path = fresh_inputs.results_dir / GPU / "results.parquet"
+    row = next(r for r in pq.read_table(path).to_pylist() if r["run_id"] == PASS)
+    row.pop("schema_version")
+    upsert(path, "results", [{**row, "speedup_vs_compile": 9.99}])
+    expected = r"row \d+ \(run_id='.*fable-5.*'.*field 'speedup_vs_compile'.*geomean"
+    with pytest.raises(DataError, match=expected):
+        build_site(fresh_inputs.data_dir, fresh_inputs.decks_dir, tmp_path / "dist")
+    assert not (tmp_path / "dist").exists()
+
+
+def test_a_missing_deck_is_a_clear_error(fresh_inputs: SiteInputs, tmp_path: Path) -> None:
+    shutil.rmtree(fresh_inputs.decks_dir / "hard" / PROBLEM)
+    with pytest.raises(DeckError, match=f"no deck folder for problem hard/{PROBLEM}"):
+        build_site(fresh_inputs.data_dir, fresh_inputs.decks_dir, tmp_path / "dist")
+    assert not (tmp_path / "dist").exists()
+
+
+def test_refuses_to_replace_a_folder_that_is_not_a_site(site_inputs: SiteInputs, tmp_path: Path) -> None:
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    with pytest.raises(KernelboardError, match="not a kernelboard site"):
+        build_site(site_inputs.data_dir, site_inputs.decks_dir, precious)
+    assert (precious / "notes.txt").read_text() == "keep me"
+
+
+def test_no_results_yet_builds_the_home_page(tmp_path: Path, site_inputs: SiteInputs) -> None:
+    (tmp_path / "data" / "results").mkdir(parents=True)
+    report = build_site(tmp_path / "data", site_inputs.decks_dir, tmp_path / "dist")
+    assert report.pages == 1
+    assert "No graded results yet" in (tmp_path / "dist" / "index.html").read_text()
+
+
+# ----------------------------------------------------------------------------------- what pages say
+
+
+def _cell(site: Path, gpu: str, model_display: str) -> Element:
+    board = _tree(site / "index.html").find(f".//div[@id='board-{gpu}-hard']")
+    assert board is not None
+    for row in board.iterfind(".//tbody/tr"):
+        if _text(row.find("th")).startswith(model_display):
+            cells = [td for td in row.iterfind("td") if "cell" in (td.get("class") or "").split()]
+            assert len(cells) == 1
+            return cells[0]
+    raise AssertionError(f"no row for {model_display!r}")
+
+
+def test_dnf_cell_says_dnf_and_why_and_has_no_number(built_site: Path) -> None:
+    cell = _cell(built_site, GPU, "Kinetic K3 <beta>")
+    assert "tone-dnf" in cell.get("class", "")
+    assert _text(cell) == "DNF rate limited"
+    assert "×" not in _text(cell) and "0" not in _text(cell)
+    row_text = _text(_tree(built_site / "index.html").find(f".//div[@id='board-{GPU}-hard']"))
+    assert "no score 1 DNF not counted" in row_text
+
+
+def test_cells_show_speedup_failure_kind_and_house_tag(built_site: Path) -> None:
+    assert _text(_cell(built_site, GPU, "Fable 5")) == "1.86×"
+    assert "best" in _cell(built_site, GPU, "Fable 5").get("class", "")
+    wrong = _cell(built_site, GPU, "Orbit 2")
+    assert _text(wrong) == "wrong" and "tone-bad" in wrong.get("class", "")
+    board = _tree(built_site / "index.html").find(f".//div[@id='board-{GPU}-hard']")
+    rows = [(_text(r.find("td")), _text(r.find("th"))) for r in board.iterfind(".//tbody/tr")]
+    assert rows == [("1", "Fable 5 claude"), ("2", "Orbit 2 codex"), ("—", "Kinetic K3 <beta> opencode"),
+                    ("—", "kernelboard house house kernel house"),
+                    ("—", "Reference (eager PyTorch) calibration house")]
+    reference = _cell(built_site, GPU, "Reference (eager PyTorch)")
+    assert _text(reference) == "0.50×" and "best" not in reference.get("class", "")
+
+
+def test_run_page_prints_its_arithmetic_and_provenance(built_site: Path) -> None:
+    page = _text(_tree(built_site / "runs" / GPU / PASS / "index.html"))
+    assert "1.86× geomean speedup over torch.compile" in page
+    assert "geomean = (1.857 × 1.857 × 1.857 × 1.857 × 1.857)^(1/5) = 1.86×" in page
+    for fact in ("NVIDIA H200", "580.95.05", "12.8", "2.11.0", "3.5.0", "42, 123, 456", "cuda_event",
+                 "2026-11-29 19:30 UTC", "1,843,002 in", "Anthropic", "huggingface.co/datasets/example"):
+        assert fact in page
+    assert "CPU timings" not in page
+
+
+def test_cpu_run_page_says_cpu_timings_loudly(built_site: Path) -> None:
+    tree = _tree(built_site / "runs" / "cpu" / HOUSE / "index.html")
+    assert "CPU timings." in _text(tree.find(".//p[@class='alert']"))
+    assert _text(tree.find(".//strong[@class='loud']")) == "CPU timings"
+
+
+def test_hostile_text_is_escaped_and_non_http_traces_are_not_links(built_site: Path) -> None:
+    wrong = (built_site / "runs" / GPU / WRONG / "index.html").read_text()
+    assert 'href="javascript:' not in wrong and "<code>javascript:alert(1)</code>" in wrong
+    assert "<b>not markup</b>" not in wrong and "&lt;b&gt;" in wrong
+    assert "Kinetic K3 &lt;beta&gt;" in (built_site / "index.html").read_text()
+
+
+def test_plotly_loads_once_and_only_where_charts_are(built_site: Path) -> None:
+    problem = (built_site / "problems" / "hard" / PROBLEM / "index.html").read_text()
+    assert problem.count('<script src="../../../static/plotly.min.js"></script>') == 1
+    assert 'id="chart-speedup-h200"' in problem and 'id="chart-roofline-h200"' in problem
+    assert '"displaylogo": false' in problem
+    for page in ("index.html", f"runs/{GPU}/{PASS}/index.html"):
+        assert "plotly" not in (built_site / page).read_text()
+    assert len(list(built_site.rglob("plotly*.js"))) == 1
+
+
+def test_problem_page_carries_the_chart_numbers_in_a_table(built_site: Path) -> None:
+    tree = _tree(built_site / "problems" / "hard" / PROBLEM / "index.html")
+    table = tree.find(".//section[@id='gpu-h200']//table")
+    rows = [_text(r) for r in table.iterfind(".//tbody/tr")]
+    assert rows[0].startswith("kernelboard house house kernel") and "2.54×" in rows[0]
+    assert any(r.startswith("Fable 5") and "1.86×" in r and "52.0%" in r for r in rows)
+    assert any("DNF rate limited" in r for r in rows)
+    assert tree.find(".//section[@id='readme']//h2") is not None  # README rendered, headings demoted
+
+
+# --------------------------------------------------------------------------------------------- CLI
+
+
+def test_cli_builds_the_site(site_inputs: SiteInputs, tmp_path: Path) -> None:
+    out = tmp_path / "dist"
+    result = CliRunner().invoke(main, ["site", "build", "--data", str(site_inputs.data_dir),
+                                       "--decks", str(site_inputs.decks_dir), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"built {len(EXPECTED_PAGES)} pages in ") and str(out) in result.output
+    assert (out / "index.html").is_file()
+
+
+def test_cli_reports_bad_data_in_one_line_without_a_traceback(fresh_inputs: SiteInputs,
+                                                               tmp_path: Path) -> None:
+    (fresh_inputs.results_dir / GPU / "runs.parquet").write_bytes(b"garbage")
+    args = ["site", "build", "--data", str(fresh_inputs.data_dir), "--decks", str(fresh_inputs.decks_dir),
+            "--out", str(tmp_path / "dist")]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "runs.parquet" in lines[0]
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "dist").exists()
+
+
+def test_the_site_never_imports_torch_or_the_grader_workers(site_inputs: SiteInputs, tmp_path: Path) -> None:
+    code = (
+        "import sys; from pathlib import Path; from kernelboard.sitegen import build_site; "
+        f"build_site(Path({str(site_inputs.data_dir)!r}), Path({str(site_inputs.decks_dir)!r}), "
+        f"Path({str(tmp_path / 'dist')!r})); "
+        "bad = [m for m in sys.modules if m.split('.')[0] == 'torch' or m.startswith(("
+        "'kernelboard.eval.worker', 'kernelboard.eval.timing', 'kernelboard.eval.correctness', "
+        "'kernelboard.eval.schedule'))]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
