@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from kernelboard.eval.deck import load_problem
 from kernelboard.eval.timing import time_cuda
 from kernelboard.eval.worker import _apply_shape, _import_file, _install_shapes_module

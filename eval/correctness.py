@@ -53,10 +53,8 @@ def compare(ref: torch.Tensor, out: object, atol: float, rtol: float) -> Verdict
     ref_norm = float(torch.linalg.vector_norm(r64))
     diff_norm = float(torch.linalg.vector_norm(o64 - r64))
     rel_err = diff_norm / ref_norm if ref_norm > 0 else (0.0 if diff_norm == 0 else float("inf"))
-    if atol == 0 and rtol == 0:
-        ok_mask = o64 == r64
-    else:
-        ok_mask = diff <= atol + rtol * r64.abs()
+    exact = atol == 0 and rtol == 0
+    ok_mask = (o64 == r64) if exact else (diff <= atol + rtol * r64.abs())
     n_bad = int((~ok_mask).sum())
     if n_bad == 0:
         return Verdict(True, "ok", rel_err)

@@ -139,7 +139,7 @@ def evaluate_formula(formula: str, params: dict[str, int]) -> float:
             raise ValueError(f"formula {formula!r}: {type(node).__name__} is not allowed")
         if isinstance(node, ast.Name) and node.id not in params:
             raise ValueError(f"formula {formula!r}: unknown name {node.id!r}; shape keys: {sorted(params)}")
-    value = eval(compile(tree, "<formula>", "eval"), {"__builtins__": {}}, dict(params))  # noqa: S307
+    value = eval(compile(tree, "<formula>", "eval"), {"__builtins__": {}}, dict(params))
     if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
         raise ValueError(f"formula {formula!r} gave {value!r}, expected a positive number")
     return float(value)
@@ -159,7 +159,7 @@ class _Fields:
                 raise DeckError(f"{self.where}: missing key '{key}'")
             return default
         value = self.data[key]
-        if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
             names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
             raise DeckError(f"{self.where}: key '{key}': expected {names}, got {value!r}")
         return value

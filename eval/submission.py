@@ -135,7 +135,7 @@ def load_submission(folder: Path) -> Submission:
     unknown = set(meta) - set(_REQUIRED) - set(_OPTIONAL) - {"run_id"}
     if unknown:
         raise SubmissionError(f"{path}: unknown keys {sorted(unknown)}")
-    for key, kinds in _REQUIRED.items():
+    for key in _REQUIRED:
         if key not in meta:
             raise SubmissionError(f"{path}: missing key '{key}'")
     for key, kinds in {**_REQUIRED, **_OPTIONAL}.items():

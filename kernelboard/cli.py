@@ -43,7 +43,7 @@ def main() -> None:
 @click.option("--baseline-timeout", "baseline_timeout_s", type=click.FloatRange(min=1), default=1800.0,
               show_default=True, help="Seconds the eager and torch.compile baselines of one problem may take.")
 @click.pass_context
-def eval(ctx: click.Context, **options: object) -> None:  # noqa: A001 - the command is named eval
+def eval(ctx: click.Context, **options: object) -> None:
     """Grade submissions against the deck's references: correctness first, then timing."""
     if ctx.invoked_subcommand is not None:
         return
@@ -81,16 +81,15 @@ def site_build(data_dir: Path, decks_dir: Path, out_dir: Path) -> None:
 @click.option("--bind", default="127.0.0.1", show_default=True)
 def site_serve(site_dir: Path, port: int, bind: str) -> None:
     """Serve a built site over HTTP on localhost (Ctrl-C stops)."""
+    import contextlib
     import functools
     import http.server
 
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site_dir))
     with http.server.ThreadingHTTPServer((bind, port), handler) as httpd:
         click.echo(f"serving {site_dir} at http://{bind}:{port}/")
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             httpd.serve_forever()
-        except KeyboardInterrupt:
-            pass
 
 
 if __name__ == "__main__":

@@ -1,0 +1,57 @@
+# kernelboard — every target bootstraps what it needs. `make help` lists them.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# The CPU build of torch: pinned so pip never pulls a multi-GB CUDA build on a machine without a GPU.
+TORCH_CPU ?= torch==2.13.0
+DATA   ?= data
+OUT    ?= dist
+EVAL_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help site serve eval test lint bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 10
+
+$(VENV)/.site: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.dev: pyproject.toml $(VENV)/.site
+	$(BIN)/pip install -q "$(TORCH_CPU)"
+	$(BIN)/pip install -q -e ".[dev,eval]"
+	touch $@
+
+site: $(VENV)/.site  ## build the static site from data/ into dist/
+	$(BIN)/kernelboard site build --data $(DATA) --out $(OUT)
+
+serve: site  ## build, then serve dist/ on http://127.0.0.1:8000/
+	$(BIN)/kernelboard site serve --dir $(OUT)
+
+# Grading needs a CUDA GPU and a CUDA build of torch: .venv-eval sees the machine's own torch
+# (--system-site-packages) and adds kernelboard without touching it.
+eval:  ## grade data/submissions on this machine's GPU into data/results (EVAL_ARGS=--only GLOB …)
+	test -x .venv-eval/bin/python || $(PYTHON) -m venv --system-site-packages .venv-eval
+	.venv-eval/bin/python -c "import torch, pyarrow, yaml, click, rich" || \
+	  { echo "make eval needs torch (a CUDA build), pyarrow, pyyaml, click and rich in $(PYTHON)"; exit 1; }
+	.venv-eval/bin/pip install -q --no-deps --no-build-isolation -e .
+	.venv-eval/bin/kernelboard eval --deck eval/decks/hard --submissions $(DATA)/submissions/hard \
+	  --out $(DATA)/results $(EVAL_ARGS)
+
+test: $(VENV)/.dev  ## lint, then every CPU test (the grader on CPU, the site in real Chromium)
+	@command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q
+
+lint: $(VENV)/.dev  ## ruff only
+	$(BIN)/ruff check .
+
+bench: $(VENV)/.dev  ## CPU benchmarks, each reported as a ratio against a baseline run beside it
+	$(BIN)/python bench/site_build.py
+	$(BIN)/python bench/grader_overhead.py
+
+clean:  ## remove built output and caches (keeps the virtualenvs)
+	rm -rf $(OUT) .pytest_cache .ruff_cache build *.egg-info

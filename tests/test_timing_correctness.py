@@ -1,0 +1,62 @@
+"""The timer's documented defaults and the output comparison (CPU)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from kernelboard.eval import timing
+from kernelboard.eval.correctness import compare
+
+
+def test_documented_method_matches_the_signature() -> None:
+    params = inspect.signature(timing.time_cuda).parameters
+    assert params["min_warmup"].default == 10 and params["warmup_ms"].default == 100.0
+    doc = " ".join((timing.__doc__ or "").split())
+    assert "twice the L2 size" in doc and "median" in doc and "at least two input sets" in doc
+
+
+def test_time_cpu_returns_stats_and_the_last_outputs() -> None:
+    sets = [[torch.ones(4)], [torch.full((4,), 2.0)]]
+    stats, last = timing.time_cpu(lambda x: x * 3, sets, rep_ms=5.0, flush_bytes=1 << 16)
+    assert stats.iterations >= 10 and 0 < stats.min_ms <= stats.median_ms <= stats.p90_ms
+    assert torch.equal(last[0], torch.full((4,), 3.0)) and torch.equal(last[1], torch.full((4,), 6.0))
+
+
+def test_timing_refuses_a_single_input_set() -> None:
+    with pytest.raises(ValueError, match="at least 2 rotating input sets"):
+        timing.time_cpu(lambda x: x, [[torch.ones(1)]])
+
+
+def test_compare_reports_the_worst_element() -> None:
+    ref = torch.zeros(3, 4, dtype=torch.bfloat16)
+    out = ref.clone()
+    out[1, 2] = 0.5
+    verdict = compare(ref, out, atol=0.02, rtol=0.02)
+    assert not verdict.ok and "1 of 12 elements" in verdict.message and "(1, 2)" in verdict.message
+
+
+@pytest.mark.parametrize(("out", "fragment"), [
+    (torch.zeros(3, 4), "dtype float32"),
+    (torch.zeros(4, 3, dtype=torch.bfloat16), "shape (4, 3)"),
+    (torch.full((3, 4), float("inf"), dtype=torch.bfloat16), "Inf"),
+    ([0.0], "plain torch.Tensor"),
+])
+def test_compare_checks_type_shape_dtype_and_finiteness(out, fragment: str) -> None:
+    verdict = compare(torch.zeros(3, 4, dtype=torch.bfloat16), out, atol=0.1, rtol=0.1)
+    assert not verdict.ok and fragment in verdict.message
+
+
+def test_a_tensor_subclass_is_not_a_plain_tensor() -> None:
+    class Lazy(torch.Tensor):
+        pass
+
+    ref = torch.zeros(2)
+    assert "plain torch.Tensor" in compare(ref, ref.as_subclass(Lazy), 0.1, 0.1).message
+
+
+def test_normalised_error_is_reported_on_a_pass() -> None:
+    ref = torch.ones(100)
+    verdict = compare(ref, ref * 1.001, atol=0.01, rtol=0.01)
+    assert verdict.ok and verdict.rel_err == pytest.approx(1e-3, rel=1e-3)
