@@ -168,3 +168,23 @@ def make_site_inputs(root: Path) -> SiteInputs:
             encoding="utf-8",
         )
     return SiteInputs(data_dir, decks_dir)
+
+
+def scale_site_inputs(inputs: SiteInputs, n_models: int) -> int:
+    """Add `n_models` synthetic passing AI-model runs on h200 (for bench/site_build.py).
+
+    Returns the number of runs the data then holds. Tmp only, like everything in this module.
+    """
+    problem = load_problem(inputs.decks_dir / BENCH / PROBLEM)
+    runs, results, shapes = [], [], []
+    for i in range(n_models):
+        run_id = f"20261127_{i // 3600:02d}{i // 60 % 60:02d}{i % 60:02d}_bench_model-{i}_{PROBLEM}"
+        runs.append(_run(run_id, f"model-{i}", f"Model {i}", "bench", lab="Bench"))
+        rows, _ = _shape_rows(problem, run_id, GPU, 0.2 + 0.5 * i / max(n_models, 1))
+        results.append(_result(run_id, GPU, "pass", "passed every shape, seed and stress case", rows))
+        shapes += rows
+    out = inputs.results_dir / GPU
+    upsert(out / "runs.parquet", "runs", runs)
+    upsert(out / "results.parquet", "results", results)
+    upsert(out / "shapes.parquet", "shapes", shapes)
+    return 5 + n_models

@@ -142,14 +142,14 @@ def _paged_decode(
             n_valid = tl.cdiv(seq_len, chunk)
             m_max = tl.full([G_PAD], _NEG_BIG, dtype=tl.float32)
             for sp in tl.static_range(NUM_SPLITS):
-                ok = g_mask & (sp < n_valid)
+                ok = offs_g < tl.where(sp < n_valid, G, 0)  # head valid and split non-empty
                 m_s = tl.load(grp_ws + sp * REC + G * D + offs_g, mask=ok,
                               other=_NEG_BIG, cache_modifier=".cg")
                 m_max = tl.maximum(m_max, m_s)
             l_o = tl.zeros([G_PAD], dtype=tl.float32)
             acc_o = tl.zeros([G_PAD, D], dtype=tl.float32)
             for sp in tl.static_range(NUM_SPLITS):
-                ok = g_mask & (sp < n_valid)
+                ok = offs_g < tl.where(sp < n_valid, G, 0)  # head valid and split non-empty
                 rs = grp_ws + sp * REC
                 m_s = tl.load(rs + G * D + offs_g, mask=ok, other=float("-inf"),
                               cache_modifier=".cg")
