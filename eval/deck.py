@@ -94,8 +94,8 @@ class Problem:
     regime: str
     precision: str
     peak_tflops_key: str
-    flops_formula: str
-    bytes_formula: str
+    flops_formula: str | None  # None: no roofline (e.g. a KernelBench single-file problem)
+    bytes_formula: str | None
     shape_globals: dict[str, str]
     shapes: tuple[Shape, ...]
     cpu_shapes: tuple[Shape, ...]
@@ -104,7 +104,9 @@ class Problem:
     numeric_stress: tuple[StressCase, ...]
     forbidden: tuple[str, ...]
     structural_stress: StructuralStress | None
-    raw: dict[str, Any] = field(repr=False, compare=False)
+    solution_class: str = "Model"  # ScalingIntelligence KernelBench candidates define ModelNew
+    weight_transfer: str = "state_dict"  # or "seed": both models built after the same manual_seed
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def reference_path(self) -> Path:
@@ -113,11 +115,11 @@ class Problem:
     def shapes_for(self, device: str) -> tuple[Shape, ...]:
         return self.cpu_shapes if device == "cpu" else self.shapes
 
-    def flops(self, shape: Shape) -> float:
-        return evaluate_formula(self.flops_formula, shape.params)
+    def flops(self, shape: Shape) -> float | None:
+        return evaluate_formula(self.flops_formula, shape.params) if self.flops_formula else None
 
-    def bytes_moved(self, shape: Shape) -> float:
-        return evaluate_formula(self.bytes_formula, shape.params)
+    def bytes_moved(self, shape: Shape) -> float | None:
+        return evaluate_formula(self.bytes_formula, shape.params) if self.bytes_formula else None
 
     def tolerance_for(self, dtype: str, case: StressCase | None = None) -> tuple[float, float]:
         """(atol, rtol) for an output dtype name such as 'bfloat16', a stress case's first."""
@@ -192,6 +194,13 @@ def _shapes(items: Any, where: str, globals_: dict[str, str]) -> tuple[Shape, ..
     return tuple(shapes)
 
 
+def _choice(f: _Fields, key: str, allowed: tuple[str, ...], default: str) -> str:
+    value = f.get(key, str, default)
+    if value not in allowed:
+        raise DeckError(f"{f.where}: key '{key}': expected one of {', '.join(allowed)}, got {value!r}")
+    return value
+
+
 def _structural(data: Any, where: str) -> StructuralStress | None:
     if data is None:
         return None
@@ -247,10 +256,14 @@ def load_problem(folder: Path) -> Problem:
         numeric_stress=tuple(stress),
         forbidden=tuple(str(s) for s in f.get("forbidden", list, [])),
         structural_stress=_structural(data.get("structural_stress"), f"{path}: structural_stress"),
+        solution_class=f.get("solution_class", str, "Model"),
+        weight_transfer=_choice(f, "weight_transfer", ("state_dict", "seed"), "state_dict"),
         raw=data,
     )
     for shape in problem.shapes + problem.cpu_shapes:
         for formula in (problem.flops_formula, problem.bytes_formula):
+            if formula is None:
+                continue
             try:
                 evaluate_formula(formula, shape.params)
             except (ValueError, SyntaxError, ZeroDivisionError) as exc:

@@ -249,6 +249,9 @@ def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem:
     elif problem is None:
         row = result_row(status="not_graded", message=f"problem {sub.problem!r} is not in the deck",
                          shapes=[], seeds=None, grade_seconds=None, log_path=None, **common)
+    elif not problem.shapes_for(opts.device):
+        row = result_row(status="not_graded", message=f"{problem.name} has no shapes for --device {opts.device}",
+                         shapes=[], seeds=None, grade_seconds=None, log_path=None, **common)
     elif not sub.has_solution:
         row = result_row(status="not_graded", message=f"no solution.py (agent outcome: {outcome})",
                          shapes=[], seeds=None, grade_seconds=None, log_path=None, **common)
@@ -316,7 +319,7 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
                 continue
             problem = deck.get(sub.problem)
             needs_grading = problem is not None and sub.has_solution and \
-                sub.meta["agent_outcome"] not in DNF_OUTCOMES
+                sub.meta["agent_outcome"] not in DNF_OUTCOMES and bool(problem.shapes_for(opts.device))
             if needs_grading and problem.name not in baselines:
                 baselines[problem.name] = ensure_baselines(opts, gpu, problem, env, scratch)
             row = grade_submission(opts, gpu, spec, problem, sub, env,

@@ -48,9 +48,9 @@ def shape_rows(problem: Problem, spec: GpuSpec | None, run_id: str, gpu: str,
             "bound": problem.regime,
         }
         flops, nbytes = problem.flops(shape), problem.bytes_moved(shape)
-        row["tflop_s"] = flops / (ms * 1e-3) / 1e12
-        row["gb_s"] = nbytes / (ms * 1e-3) / 1e9
-        if spec is not None:
+        row["tflop_s"] = flops / (ms * 1e-3) / 1e12 if flops else None
+        row["gb_s"] = nbytes / (ms * 1e-3) / 1e9 if nbytes else None
+        if spec is not None and flops and nbytes:
             r = roofline(flops, nbytes, ms, spec.peak(problem.peak_tflops_key), spec.bandwidth_gb_s,
                          problem.regime)
             row.update(compute_fraction=r.compute_fraction, memory_fraction=r.memory_fraction,

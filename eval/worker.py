@@ -156,8 +156,9 @@ def _scaled(inputs: list[Any], case: StressCase | None) -> list[Any]:
     return out
 
 
-def _build_model(module: types.ModuleType, init_args: list[Any], device: str) -> torch.nn.Module:
-    return module.Model(*init_args).to(torch.device(device)).eval()
+def _build_model(module: types.ModuleType, init_args: list[Any], device: str,
+                 class_name: str = "Model") -> torch.nn.Module:
+    return getattr(module, class_name)(*init_args).to(torch.device(device)).eval()
 
 
 # ------------------------------------------------------------------------------ the plan
@@ -319,8 +320,11 @@ def grade(job: dict[str, Any], result: dict[str, Any]) -> None:
     for plan in plans:
         _apply_shape(reference, problem, plan.shape)
         try:
-            model = _build_model(solution, plan.init_args, device)
-            model.load_state_dict(plan.state_dict, strict=True)
+            if problem.weight_transfer == "seed":
+                torch.manual_seed(seeds[0])
+            model = _build_model(solution, plan.init_args, device, problem.solution_class)
+            if problem.weight_transfer == "state_dict":
+                model.load_state_dict(plan.state_dict, strict=True)
         except BaseException as exc:
             raise Failure(_status_of(exc), f"shape {plan.shape.idx}: building Model: {_one_line(exc)}") from exc
         worst = _check_shape(problem, plan, model, state, device)

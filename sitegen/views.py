@@ -160,7 +160,7 @@ def problem(data: SiteData, bench: str, name: str) -> dict[str, Any]:
         "readme_html": _markdown(readme.read_text(encoding="utf-8")) if readme.is_file() else None,
         "shapes": [
             {"shape": s, "params": ", ".join(f"{k}={v}" for k, v in s.params.items()),
-             "gflop": prob.flops(s) / 1e9, "mb": prob.bytes_moved(s) / 1e6}
+             "gflop": _scaled(prob.flops(s), 1e-9), "mb": _scaled(prob.bytes_moved(s), 1e-6)}
             for s in prob.shapes
         ],
         "gpus": gpus,
@@ -223,3 +223,8 @@ def run(data: SiteData, result: Result) -> dict[str, Any]:
         "trace_href": _safe_href(the_run.trace_url),
         "charts": False,
     }
+
+
+def _scaled(value: float | None, factor: float) -> float | None:
+    """A formula's value in display units, or None when the problem has no such formula."""
+    return None if value is None else value * factor
