@@ -9,6 +9,7 @@ three things on each: `tables.load_all` (the baseline: read + validate every par
 
 from __future__ import annotations
 
+import functools
 import sys
 import tempfile
 import time
@@ -17,11 +18,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from site_fixtures import make_site_inputs, scale_site_inputs  # noqa: E402
-
 from kernelboard.eval.tables import load_all  # noqa: E402
 from kernelboard.sitegen import build_site  # noqa: E402
 from kernelboard.sitegen.load import load_site  # noqa: E402
+from site_fixtures import make_site_inputs, scale_site_inputs  # noqa: E402
 
 
 def best_of(fn, repeats: int = 3) -> float:
@@ -39,10 +39,10 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             inputs = make_site_inputs(Path(tmp) / "in")
             n_runs = scale_site_inputs(inputs, n_models)
-            base = best_of(lambda: load_all(inputs.results_dir))
-            joined = best_of(lambda: load_site(inputs.data_dir, inputs.decks_dir))
             out = Path(tmp) / "dist"
-            build = best_of(lambda: build_site(inputs.data_dir, inputs.decks_dir, out))
+            base = best_of(functools.partial(load_all, inputs.results_dir))
+            joined = best_of(functools.partial(load_site, inputs.data_dir, inputs.decks_dir))
+            build = best_of(functools.partial(build_site, inputs.data_dir, inputs.decks_dir, out))
             print(f"{n_runs:>5} {base:>10.3f} {joined:>11.3f} {build:>8.3f} {build / base:>13.1f}× "
                   f"{build / n_runs * 1e3:>7.1f}")
     print("(best of 3 per cell; ratio = full build ÷ validated table load, same run)")
