@@ -15,8 +15,10 @@ from pathlib import Path
 
 import torch
 from kernelboard.eval.deck import load_problem
+from kernelboard.eval.plan import apply_shape as _apply_shape
+from kernelboard.eval.plan import import_file as _import_file
+from kernelboard.eval.plan import install_shapes_module as _install_shapes_module
 from kernelboard.eval.timing import time_cuda
-from kernelboard.eval.worker import _apply_shape, _import_file, _install_shapes_module
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "data/submissions/hard/20261129_190000_house_kernelboard-house_03_paged_attention"

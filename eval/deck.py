@@ -104,13 +104,18 @@ class Problem:
     numeric_stress: tuple[StressCase, ...]
     forbidden: tuple[str, ...]
     structural_stress: StructuralStress | None
+    forbidden_ops: tuple[str, ...] = ()  # substrings of aten op names refused at run time
+    forbidden_kernels: tuple[str, ...] = ()  # regexes of CUDA kernel names refused in the timed call
+    require_own_kernel: bool = False  # the timed call must launch a kernel no library ships
     solution_class: str = "Model"  # ScalingIntelligence KernelBench candidates define ModelNew
     weight_transfer: str = "state_dict"  # or "seed": both models built after the same manual_seed
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def reference_path(self) -> Path:
-        return self.folder / "reference.py"
+        """`folder/reference.py`; a single-file problem (ScalingIntelligence KernelBench, see
+        formats.py) has the file itself as its `folder`, so a worker can reload it from there."""
+        return self.folder if self.folder.suffix == ".py" else self.folder / "reference.py"
 
     def shapes_for(self, device: str) -> tuple[Shape, ...]:
         return self.cpu_shapes if device == "cpu" else self.shapes
@@ -214,8 +219,8 @@ def _structural(data: Any, where: str) -> StructuralStress | None:
     return StructuralStress(f.get("function", str), canonical, f.get("random_count", int, 0), ranges)
 
 
-def load_problem(folder: Path) -> Problem:
-    """Load one problem folder; raise `DeckError` naming the file and key on any mistake."""
+def load_native_problem(folder: Path) -> Problem:
+    """Load one kernelboard problem folder; raise `DeckError` naming the file and key on any mistake."""
     path = folder / "problem.yaml"
     if not path.is_file():
         raise DeckError(f"{folder}: no problem.yaml")
@@ -233,11 +238,6 @@ def load_problem(folder: Path) -> Problem:
     if regime not in REGIMES:
         raise DeckError(f"{path}: key 'regime': expected one of {', '.join(REGIMES)}, got {regime!r}")
     globals_ = {str(k): str(v) for k, v in f.get("shape_globals", dict).items()}
-    stress = []
-    for i, item in enumerate(f.get("numeric_stress", list, [])):
-        s = _Fields(item, f"{path}: numeric_stress[{i}]")
-        scale = {int(k): float(v) for k, v in s.get("scale", dict).items()}
-        stress.append(StressCase(s.get("name", str), scale, _tolerances(s.get("tolerance", dict, {}), s.where)))
     problem = Problem(
         bench=f.get("bench", str),
         name=name,
@@ -253,13 +253,31 @@ def load_problem(folder: Path) -> Problem:
         cpu_shapes=_shapes(f.get("cpu_shapes", list), f"{path}: cpu_shapes", globals_),
         seeds=tuple(int(s) for s in f.get("seeds", list)),
         tolerance=_tolerances(f.get("tolerance", dict, {}), f"{path}: tolerance"),
-        numeric_stress=tuple(stress),
+        numeric_stress=_numeric_stress(f.get("numeric_stress", list, []), f"{path}: numeric_stress"),
         forbidden=tuple(str(s) for s in f.get("forbidden", list, [])),
         structural_stress=_structural(data.get("structural_stress"), f"{path}: structural_stress"),
+        forbidden_ops=tuple(str(x) for x in f.get("forbidden_ops", list, [])),
+        forbidden_kernels=tuple(str(x) for x in f.get("forbidden_kernels", list, [])),
+        require_own_kernel=f.get("require_own_kernel", bool, False),
         solution_class=f.get("solution_class", str, "Model"),
         weight_transfer=_choice(f, "weight_transfer", ("state_dict", "seed"), "state_dict"),
         raw=data,
     )
+    _check_formulas(problem, path)
+    return problem
+
+
+def _numeric_stress(items: list[Any], where: str) -> tuple[StressCase, ...]:
+    stress = []
+    for i, item in enumerate(items):
+        s = _Fields(item, f"{where}[{i}]")
+        scale = {int(k): float(v) for k, v in s.get("scale", dict).items()}
+        stress.append(StressCase(s.get("name", str), scale, _tolerances(s.get("tolerance", dict, {}), s.where)))
+    return tuple(stress)
+
+
+def _check_formulas(problem: Problem, where: Path | str) -> None:
+    """Every formula must evaluate to a positive number on every shape, GPU and CPU."""
     for shape in problem.shapes + problem.cpu_shapes:
         for formula in (problem.flops_formula, problem.bytes_formula):
             if formula is None:
@@ -267,13 +285,19 @@ def load_problem(folder: Path) -> Problem:
             try:
                 evaluate_formula(formula, shape.params)
             except (ValueError, SyntaxError, ZeroDivisionError) as exc:
-                raise DeckError(f"{path}: shape {shape.label!r}: {exc}") from None
-    return problem
+                raise DeckError(f"{where}: shape {shape.label!r}: {exc}") from None
+
+
+def load_problem(path: Path) -> Problem:
+    """Load one problem in any format formats.py reads (a kernelboard or KernelBench-Hard folder,
+    a ScalingIntelligence KernelBench file); raise `DeckError` naming the file and key."""
+    from .formats import load_problem_any  # formats.py builds on this module: imported late
+
+    return load_problem_any(path)
 
 
 def load_deck(deck_dir: Path) -> dict[str, Problem]:
-    """Every problem folder of a deck, by name, in folder order."""
-    folders = sorted(p for p in deck_dir.iterdir() if (p / "problem.yaml").is_file())
-    if not folders:
-        raise DeckError(f"{deck_dir}: no problem folders (each needs a problem.yaml)")
-    return {p.name: load_problem(p) for p in folders}
+    """Every problem of a deck, in any format formats.py reads, by name, in natural order (2_ before 10_)."""
+    from .formats import load_deck_any
+
+    return load_deck_any(deck_dir)

@@ -47,7 +47,7 @@ GPUS: dict[str, GpuSpec] = {
     spec.key: spec
     for spec in (
         GpuSpec(
-            "h200", "NVIDIA H200 SXM", _H100_FAMILY, 141, 50, 4800.0,
+            "h200", "NVIDIA H200 SXM", _H100_FAMILY, 141, None, 4800.0,
             {"fp8": 1979.0, "bf16": 989.5, "fp16": 989.5, "tf32": 494.5, "fp32": 67.0},
             "NVIDIA H200 Tensor Core GPU datasheet (SXM): FP8 3,958 / BF16 1,979 / TF32 989 TFLOPS with "
             "sparsity, halved for dense; FP32 67 TFLOPS; 4.8 TB/s HBM3e; 141 GB",

@@ -9,39 +9,34 @@ interrupted batch keeps everything graded before the interruption.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import fcntl
 import fnmatch
-import json
-import os
 import secrets
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
 
 from kernelboard import __version__
 from kernelboard.errors import UsageError
 
 from .deck import Problem, load_deck
 from .hardware import GPUS, GpuSpec, gpu_key
+from .sandbox import driver_version, gpu_lock, probe_device, run_worker
 from .schema import DNF_OUTCOMES
 from .scoring import best_compile, result_row, shape_rows
 from .submission import Submission, discover
 from .tables import read_table, table_path, upsert
 
 GRADER_VERSION = __version__
-BASELINE_VARIANTS = ("eager", "compile:default")
+#: The reference is timed eager and through torch.compile; the headline is the faster compile mode.
+BASELINE_VARIANTS = {"cuda": ("eager", "compile:default", "compile:max-autotune"),
+                     "cpu": ("eager", "compile:default")}
 _console = Console(stderr=True)
 
 
@@ -53,117 +48,21 @@ class EvalOptions:
     device: str = "cuda"
     only: tuple[str, ...] = ()
     resume: bool = False
+    regrade: bool = False  # grade even what --resume would skip, and measure baselines again
     timeout_s: float = 900.0
+    build_timeout_s: float = 600.0
+    check_timeout_s: float = 600.0
+    timing_timeout_s: float = 600.0
     baseline_timeout_s: float = 1800.0
     rep_ms: float | None = None  # timing budget per shape; None = the timer's default
 
-
-@dataclass(frozen=True)
-class WorkerOutcome:
-    result: dict[str, Any]
-    seconds: float
-    log_path: Path
+    @property
+    def phase_timeouts(self) -> dict[str, float]:
+        return {"build": self.build_timeout_s, "correctness": self.check_timeout_s, "timing": self.timing_timeout_s}
 
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC).replace(microsecond=0)
-
-
-# ------------------------------------------------------------------------------ workers
-
-
-def _worker_env(cache_key: str) -> dict[str, str]:
-    cache = Path(os.environ.get("KERNELBOARD_CACHE", Path.home() / ".cache" / "kernelboard")) / cache_key
-    env = dict(os.environ)
-    env.update(
-        TORCH_EXTENSIONS_DIR=str(cache / "torch_extensions"),
-        TRITON_CACHE_DIR=str(cache / "triton"),
-        PYTHONDONTWRITEBYTECODE="1",
-        PYTHONUNBUFFERED="1",
-    )
-    return env
-
-
-def run_worker(job: dict[str, Any], workdir: Path, log_path: Path, timeout_s: float,
-               cache_key: str) -> WorkerOutcome:
-    """Run one worker job; a crash, a hang or a missing result becomes a status, never a raise."""
-    result_path = workdir / ".kernelboard-result.json"
-    job = {**job, "result_path": str(result_path)}
-    job_path = workdir.parent / f"{workdir.name}.job.json"
-    job_path.write_text(json.dumps(job, sort_keys=True))
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "kernelboard.eval.worker", str(job_path)],
-            cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=_worker_env(cache_key), start_new_session=True,
-        )
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            seconds = time.perf_counter() - start
-            return WorkerOutcome({"status": "timeout", "message": f"killed after {timeout_s:.0f} s"},
-                                 seconds, log_path)
-        finally:
-            _kill_group(proc)  # children it left behind (compilers, forked helpers) go too
-    seconds = time.perf_counter() - start
-    if rc < 0:
-        name = signal.Signals(-rc).name if -rc in signal.valid_signals() else str(-rc)
-        return WorkerOutcome({"status": "runtime_error", "message": f"the worker died from {name}"},
-                             seconds, log_path)
-    try:
-        result = json.loads(result_path.read_text())
-    except (OSError, json.JSONDecodeError):
-        msg = f"the worker exited with code {rc} without writing a result (a hard exit in candidate code?)"
-        return WorkerOutcome({"status": "runtime_error", "message": msg}, seconds, log_path)
-    return WorkerOutcome(result, seconds, log_path)
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=10)
-
-
-@contextlib.contextmanager
-def gpu_lock(gpu: str) -> Iterator[None]:
-    """One grader per device at a time: two `kernelboard eval` processes queue, never overlap."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
-    path = Path(tempfile.gettempdir()) / f"kernelboard-{gpu}-{visible}.lock"
-    with open(path, "w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _console.print(f"[yellow]waiting for another kernelboard eval on {gpu} ({path})[/]")
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        yield
-
-
-def probe_device(device: str) -> dict[str, Any]:
-    """Device identity from a short-lived process, so the parent stays free of torch."""
-    code = ("import json,sys;from kernelboard.eval.worker import probe_environment as p;"
-            "import torch;d=sys.argv[1];"
-            "print(json.dumps(p(d) if d=='cpu' or torch.cuda.is_available() else {'error':'no CUDA device'}))")
-    out = subprocess.run([sys.executable, "-c", code, device], capture_output=True, text=True, timeout=300)
-    if out.returncode != 0:
-        raise UsageError(f"cannot start a worker (is the 'eval' extra, i.e. torch, installed?): "
-                         f"{out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
-    env = json.loads(out.stdout.strip().splitlines()[-1])
-    if "error" in env:
-        raise UsageError(f"--device {device}: {env['error']}; use --device cpu to grade on the CPU")
-    return env
-
-
-def _driver_version() -> str | None:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
 # ------------------------------------------------------------------------------ baselines
@@ -189,16 +88,18 @@ def ensure_baselines(opts: EvalOptions, gpu: str, problem: Problem, env: dict[st
                      scratch: Path) -> dict[int, dict[str, Any]]:
     """Eager and torch.compile times for every shape, measured once per device and software."""
     shapes = problem.shapes_for(opts.device)
-    cached = _cached_baselines(opts.out, gpu, problem, env)
-    if all(v in cached.get(s.idx, {}) for s in shapes for v in BASELINE_VARIANTS):
+    variants = BASELINE_VARIANTS[opts.device]
+    cached = {} if opts.regrade else _cached_baselines(opts.out, gpu, problem, env)
+    if all(v in cached.get(s.idx, {}) for s in shapes for v in variants):
         return cached
     _console.print(f"measuring baselines for {problem.name} on {env['device_name']} …")
     workdir = scratch / f"baselines-{problem.name}"
     workdir.mkdir()
-    job = {"kind": "baseline", "problem_dir": str(problem.folder.resolve()), "device": opts.device,
-           "base_seed": 2026, "variants": list(BASELINE_VARIANTS), "rep_ms": opts.rep_ms}
+    job = {"kind": "baseline", "problem_path": str(problem.folder.resolve()), "device": opts.device,
+           "base_seed": 2026, "variants": list(variants), "rep_ms": opts.rep_ms}
     log = opts.out / gpu / "logs" / f"baselines-{problem.bench}-{problem.name}.log"
-    outcome = run_worker(job, workdir, log, opts.baseline_timeout_s, f"baselines-{problem.name}")
+    outcome = run_worker(job, workdir, log, opts.baseline_timeout_s, f"baselines-{problem.name}",
+                         arch=env.get("capability"))
     if outcome.result.get("status") != "ok":
         _console.print(f"[red]baselines for {problem.name} failed: {outcome.result.get('message')}[/]")
         return cached
@@ -258,13 +159,14 @@ def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem:
     else:
         workdir = scratch / sub.run_id
         shutil.copytree(sub.folder, workdir, ignore=shutil.ignore_patterns("run.yaml", "__pycache__"))
-        job = {"kind": "grade", "problem_dir": str(problem.folder.resolve()), "device": opts.device,
+        job = {"kind": "grade", "problem_path": str(problem.folder.resolve()), "device": opts.device,
                "solution_dir": str(workdir), "base_seed": secrets.randbits(31), "rep_ms": opts.rep_ms}
         log = opts.out / gpu / "logs" / f"{sub.run_id}.log"
-        res = run_worker(job, workdir, log, opts.timeout_s, sub.solution_sha256() or sub.run_id)
+        res = run_worker(job, workdir, log, opts.timeout_s, sub.solution_sha256() or sub.run_id,
+                         opts.phase_timeouts, env.get("capability"))
         result = res.result
-        shapes = shape_rows(problem, spec, sub.run_id, gpu, result.get("shapes", []), baselines) \
-            if result.get("status") == "pass" else []
+        shapes = shape_rows(problem, spec, sub.run_id, gpu, result.get("shapes", []), baselines,
+                            _hardware(opts.out, gpu)) if result.get("status") == "pass" else []
         row = result_row(status=result.get("status", "runtime_error"), message=result.get("message", "?"),
                          shapes=shapes, seeds=result.get("seeds"), grade_seconds=round(res.seconds, 2),
                          log_path=str(log.relative_to(opts.out)), **{**common, "env": result.get("env") or env})
@@ -278,16 +180,25 @@ def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem:
     return row
 
 
-def _hardware_row(gpu: str, spec: GpuSpec | None, env: dict[str, Any]) -> dict[str, Any]:
+_MEASURED = ("measured_copy_gb_s", "measured_bf16_tflop_s", "measured_fp8_tflop_s", "measured_at")
+
+
+def _hardware(out: Path, gpu: str) -> dict[str, Any] | None:
+    path = table_path(out, gpu, "hardware")
+    rows = read_table(path, "hardware").to_pylist() if path.exists() else []
+    return rows[0] if rows else None
+
+
+def _hardware_row(out: Path, gpu: str, spec: GpuSpec | None, env: dict[str, Any]) -> dict[str, Any]:
+    """The datasheet row for this GPU, keeping any peaks already measured on the machine."""
+    existing = _hardware(out, gpu)
+    measured = {k: existing[k] for k in _MEASURED} if existing else dict.fromkeys(_MEASURED)
     if spec is not None:
-        return {**spec.hardware_row(), "measured_copy_gb_s": None, "measured_bf16_tflop_s": None,
-                "measured_fp8_tflop_s": None, "measured_at": None}
-    return {"gpu": gpu, "name": env["device_name"], "sm": None, "memory_gb": None, "l2_mb": None,
+        return {**spec.hardware_row(), **measured}
+    return {**measured, **{"gpu": gpu, "name": env["device_name"], "sm": None, "memory_gb": None, "l2_mb": None,
             "bandwidth_gb_s": None, "peak_tflop_s_fp8": None, "peak_tflop_s_bf16": None,
             "peak_tflop_s_fp16": None, "peak_tflop_s_tf32": None, "peak_tflop_s_fp32": None,
-            "source": "no datasheet peaks for this device: timings only, no roofline fractions",
-            "measured_copy_gb_s": None, "measured_bf16_tflop_s": None, "measured_fp8_tflop_s": None,
-            "measured_at": None}
+            "source": "no datasheet peaks for this device: timings only, no roofline fractions"}}
 
 
 def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
@@ -300,20 +211,20 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
     env = probe_device(opts.device)
     gpu = "cpu" if opts.device == "cpu" else gpu_key(env["device_name"])
     spec = GPUS.get(gpu)
-    driver = _driver_version() if opts.device == "cuda" else None
+    driver = driver_version() if opts.device == "cuda" else None
     _console.print(f"grading {len(subs)} submissions on {env['device_name']} → {opts.out / gpu}")
-    upsert(table_path(opts.out, gpu, "hardware"), "hardware", [_hardware_row(gpu, spec, env)])
+    upsert(table_path(opts.out, gpu, "hardware"), "hardware", [_hardware_row(opts.out, gpu, spec, env)])
     rows = []
     with gpu_lock(gpu), tempfile.TemporaryDirectory(prefix="kernelboard-") as tmp, Progress(
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(), console=_console,
+        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=_console,
     ) as progress:
         scratch = Path(tmp)
         task = progress.add_task("grading", total=len(subs))
         baselines: dict[str, dict[int, dict[str, Any]]] = {}
         for sub in subs:
             progress.update(task, description=f"grading {sub.run_id}")
-            if opts.resume and _already_graded(opts, gpu, sub):
+            if opts.resume and not opts.regrade and _already_graded(opts, gpu, sub):
                 progress.console.print(f"  {sub.run_id}: already graded, skipped (--resume)")
                 progress.advance(task)
                 continue
@@ -328,4 +239,41 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
             progress.console.print(f"  {sub.run_id}: {row['status']}{score} — {row['message']}")
             rows.append(row)
             progress.advance(task)
+    if rows:
+        _console.print(summary_table(rows))
     return rows
+
+
+def summary_table(rows: list[dict[str, Any]]) -> Table:
+    """One line per graded run: status, speedups, roofline fraction and grading time."""
+    table = Table(title="graded", title_justify="left")
+    for name, justify in (("run", "left"), ("status", "left"), ("× compile", "right"), ("× eager", "right"),
+                          ("% of peak", "right"), ("seconds", "right")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for r in rows:
+        def fmt(value: float | None, pattern: str) -> str:
+            return "—" if value is None else pattern.format(value)
+
+        table.add_row(r["run_id"], r["status"], fmt(r["speedup_vs_compile"], "{:.2f}×"),
+                      fmt(r["speedup_vs_eager"], "{:.2f}×"), fmt(r["peak_fraction"], "{:.1%}"),
+                      fmt(r["grade_seconds"], "{:.1f}"))
+    return table
+
+
+def run_calibrate(out: Path, timeout_s: float = 600.0) -> dict[str, Any]:
+    """Measure the GPU's achievable peaks and store them beside the datasheet ones."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "kernelboard.eval.calibrate"], capture_output=True, text=True,
+                          timeout=timeout_s)
+    lines = proc.stdout.strip().splitlines()
+    measured = json.loads(lines[-1]) if lines else {"error": proc.stderr.strip()[-300:]}
+    if proc.returncode != 0 or "error" in measured:
+        raise UsageError(f"calibration failed: {measured.get('error') or proc.stderr.strip()[-300:]}")
+    env = measured.pop("env")
+    gpu = gpu_key(env["device_name"])
+    row = {**_hardware_row(out, gpu, GPUS.get(gpu), env), **measured, "measured_at": _now()}
+    upsert(table_path(out, gpu, "hardware"), "hardware", [row])
+    return row

@@ -95,6 +95,7 @@ RESULTS = _schema(
     _f("speedup_vs_compile", pa.float64()),
     _f("speedup_vs_eager", pa.float64()),
     _f("peak_fraction", pa.float64()),
+    _f("peak_fraction_measured", pa.float64()),
     _f("compile_variant", pa.string()),
     _f("n_shapes", pa.int32(), False),
     _f("timer", pa.string(), False),
@@ -124,11 +125,16 @@ SHAPES = _schema(
     _f("memory_fraction", pa.float64()),
     _f("bound", pa.string()),
     _f("peak_fraction", pa.float64()),
+    _f("measured_fraction", pa.float64()),
     _f("eager_ms", pa.float64()),
     _f("compile_ms", pa.float64()),
     _f("speedup_vs_eager", pa.float64()),
     _f("speedup_vs_compile", pa.float64()),
     _f("max_rel_err", pa.float64()),
+    _f("host_ms", pa.float64()),
+    _f("graph_ms", pa.float64()),
+    _f("kernels", pa.list_(pa.string())),
+    _f("note", pa.string()),
 )
 
 BASELINES = _schema(

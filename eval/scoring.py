@@ -24,10 +24,22 @@ def best_compile(baselines: Mapping[str, Mapping[str, Any]]) -> tuple[str, float
     return min(timed, key=lambda item: item[1]) if timed else None
 
 
+def measured_peak(problem: Problem, hardware: Mapping[str, Any] | None) -> float | None:
+    """The machine's measured peak for the problem's regime (GB/s or TFLOP/s), if calibrated."""
+    if not hardware:
+        return None
+    if problem.regime == "memory":
+        return hardware.get("measured_copy_gb_s")
+    return hardware.get(f"measured_{problem.peak_tflops_key}_tflop_s")
+
+
 def shape_rows(problem: Problem, spec: GpuSpec | None, run_id: str, gpu: str,
                worker_shapes: list[dict[str, Any]],
-               baselines: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> list[dict[str, Any]]:
-    """One shapes-table row per timed shape; `baselines[shape_idx][variant]` are baseline rows."""
+               baselines: Mapping[int, Mapping[str, Mapping[str, Any]]],
+               hardware: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One shapes-table row per timed shape; `baselines[shape_idx][variant]` are baseline rows;
+    `hardware` is the GPU's hardware-table row (for the fraction of the measured peak)."""
+    measured = measured_peak(problem, hardware)
     shapes = {s.idx: s for s in problem.shapes_for("cpu" if gpu == "cpu" else "cuda")}
     rows = []
     for ws in worker_shapes:
@@ -45,6 +57,8 @@ def shape_rows(problem: Problem, spec: GpuSpec | None, run_id: str, gpu: str,
             "speedup_vs_eager": speedup(eager_ms, ms) if eager_ms else None,
             "speedup_vs_compile": speedup(comp[1], ms) if comp else None,
             "max_rel_err": ws.get("max_rel_err"),
+            "host_ms": ws.get("host_ms"), "graph_ms": ws.get("graph_ms"), "kernels": ws.get("kernels"),
+            "note": ws.get("graph_note"),
             "bound": problem.regime,
         }
         flops, nbytes = problem.flops(shape), problem.bytes_moved(shape)
@@ -57,6 +71,8 @@ def shape_rows(problem: Problem, spec: GpuSpec | None, run_id: str, gpu: str,
                        peak_fraction=r.peak_fraction)
         else:
             row.update(compute_fraction=None, memory_fraction=None, peak_fraction=None)
+        achieved = row["gb_s"] if problem.regime == "memory" else row["tflop_s"]
+        row["measured_fraction"] = achieved / measured if achieved and measured else None
         rows.append(row)
     return rows
 
@@ -70,6 +86,7 @@ def result_row(*, run_id: str, gpu: str, status: str, message: str, shapes: list
     row: dict[str, Any] = {
         "run_id": run_id, "gpu": gpu, "status": status, "message": message,
         "speedup_vs_compile": None, "speedup_vs_eager": None, "peak_fraction": None,
+        "peak_fraction_measured": None,
         "compile_variant": None, "n_shapes": len(shapes), "timer": timer,
         "device_name": env.get("device_name") or "unknown", "driver_version": driver_version,
         "cuda_version": env.get("cuda_version"), "torch_version": env.get("torch_version"),
@@ -85,6 +102,7 @@ def result_row(*, run_id: str, gpu: str, status: str, message: str, shapes: list
         return row
     row["speedup_vs_compile"] = geomean(s["speedup_vs_compile"] for s in shapes)
     row["speedup_vs_eager"] = geomean(s["speedup_vs_eager"] for s in shapes)
-    if all(s["peak_fraction"] is not None for s in shapes):
-        row["peak_fraction"] = geomean(s["peak_fraction"] for s in shapes)
+    for column, source in (("peak_fraction", "peak_fraction"), ("peak_fraction_measured", "measured_fraction")):
+        if all(s[source] is not None for s in shapes):
+            row[column] = geomean(s[source] for s in shapes)
     return row

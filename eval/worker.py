@@ -16,27 +16,31 @@ status. Speedups and roofline fractions are computed by the parent, not here.
 
 from __future__ import annotations
 
-import importlib.util
+import functools
 import json
 import os
-import platform
 import sys
 import time
 import traceback
-import types
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from . import audit
 from .correctness import compare, dtype_name
-from .deck import Problem, Shape, StressCase, load_problem
+from .deck import Problem, load_problem
+from .plan import ShapePlan, apply_shape, build_model, import_file, install_shapes_module, make_plan
+from .probe import probe_environment, torch_global_state
 from .timing import TimeStats, time_cpu, time_cuda
 
 #: Input sets for baseline timing are fixed so cached baselines stay comparable across runs.
 BASELINE_TIMING_SEEDS = (2026, 2027)
+#: Shapes faster than this are launch-bound: their CUDA-graph replay time is reported beside them.
+LAUNCH_BOUND_MS = 0.2
+#: Host-synchronised time above this multiple of the event median (+ slack) means escaped work.
+ESCAPE_FACTOR, ESCAPE_SLACK_MS = 1.5, 0.05
 
 
 class Failure(Exception):
@@ -62,183 +66,21 @@ def _status_of(exc: BaseException) -> str:
     return "runtime_error"
 
 
-# ------------------------------------------------------------------------------ environment
+class _Phases:
+    """Tells the parent which phase runs (it enforces a timeout per phase) and keeps it in the result."""
 
+    def __init__(self, path: str | None, result: dict[str, Any]) -> None:
+        self.path, self.result = path, result
 
-def torch_global_state() -> dict[str, Any]:
-    """The torch switches a solution could flip to change the reference's numerics."""
-    cuda_matmul = torch.backends.cuda.matmul
-    return {
-        "matmul.allow_tf32": cuda_matmul.allow_tf32,
-        "matmul.allow_bf16_reduced_precision_reduction": cuda_matmul.allow_bf16_reduced_precision_reduction,
-        "matmul.allow_fp16_reduced_precision_reduction": cuda_matmul.allow_fp16_reduced_precision_reduction,
-        "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
-        "cudnn.deterministic": torch.backends.cudnn.deterministic,
-        "cudnn.benchmark": torch.backends.cudnn.benchmark,
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "default_dtype": str(torch.get_default_dtype()),
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "grad_enabled": torch.is_grad_enabled(),
-    }
-
-
-def probe_environment(device: str) -> dict[str, Any]:
-    """Device and software identity, recorded with every result."""
-    try:
-        import triton
-
-        triton_version: str | None = triton.__version__
-    except ImportError:
-        triton_version = None
-    env: dict[str, Any] = {
-        "torch_version": torch.__version__,
-        "triton_version": triton_version,
-        "python_version": platform.python_version(),
-        "cuda_version": torch.version.cuda,
-    }
-    if device == "cuda":
-        props = torch.cuda.get_device_properties(0)
-        env.update(device_name=props.name, l2_bytes=int(props.L2_cache_size),
-                   sm_count=int(props.multi_processor_count), memory_bytes=int(props.total_memory))
-    else:
-        env.update(device_name=f"CPU: {_cpu_model()}", l2_bytes=None, sm_count=None, cuda_version=None)
-    return env
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-# ------------------------------------------------------------------------------ modules
-
-
-def _import_file(name: str, path: Path) -> types.ModuleType:
-    """Import `path` as top-level module `name`, registered in sys.modules first (as
-    KernelBench-Hard solutions expect `import reference` to return this very object)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def _install_shapes_module(shapes: tuple[Shape, ...]) -> None:
-    module = types.ModuleType("shapes")
-    module.SHAPES = [dict(s.params) for s in shapes]  # type: ignore[attr-defined]
-    sys.modules["shapes"] = module
-
-
-def _apply_shape(reference: types.ModuleType, problem: Problem, shape: Shape) -> None:
-    for key, global_name in problem.shape_globals.items():
-        setattr(reference, global_name, shape.params[key])
-
-
-def _draw_inputs(reference: types.ModuleType, seed: int, device: str) -> list[Any]:
-    torch.manual_seed(seed)
-    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in reference.get_inputs()]
-
-
-def _scaled(inputs: list[Any], case: StressCase | None) -> list[Any]:
-    """A stress case's inputs: listed positions rescaled in fp32 and re-rounded to their dtype."""
-    if case is None:
-        return inputs
-    out = list(inputs)
-    for pos, factor in case.scale.items():
-        out[pos] = (inputs[pos].float() * factor).to(inputs[pos].dtype)
-    return out
-
-
-def _build_model(module: types.ModuleType, init_args: list[Any], device: str,
-                 class_name: str = "Model") -> torch.nn.Module:
-    return getattr(module, class_name)(*init_args).to(torch.device(device)).eval()
-
-
-# ------------------------------------------------------------------------------ the plan
-
-
-@dataclass
-class Check:
-    """One call to verify: its inputs, pristine copies of them, and the reference output."""
-
-    label: str
-    inputs: list[Any]
-    pristine: list[Any]
-    ref_out: torch.Tensor
-    stress: StressCase | None
-
-
-@dataclass
-class ShapePlan:
-    """Everything computed from the reference for one shape, before any candidate code runs."""
-
-    shape: Shape
-    init_args: list[Any]
-    state_dict: dict[str, torch.Tensor]
-    checks: list[Check] = field(default_factory=list)
-    timing_sets: list[list[Any]] = field(default_factory=list)
-    timing_refs: list[torch.Tensor] = field(default_factory=list)
-
-
-def _clone_all(inputs: list[Any]) -> list[Any]:
-    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-
-
-@torch.no_grad()
-def _plan(problem: Problem, reference: types.ModuleType, shapes: tuple[Shape, ...], seeds: list[int],
-          timing_seeds: tuple[int, ...], device: str) -> list[ShapePlan]:
-    """Reference outputs for every shape × seed × stress case (numeric, then structural, drawn
-    from the last seed — the run's fresh one) and for the timing input sets."""
-    structural = problem.structural_stress.cases(seeds[-1]) if problem.structural_stress else []
-    plans = []
-    for shape in shapes:
-        _apply_shape(reference, problem, shape)
-        init_args = list(reference.get_init_inputs())
-        torch.manual_seed(seeds[0])
-        ref_model = _build_model(reference, init_args, device)
-        plan = ShapePlan(shape, init_args, {k: v.detach().clone() for k, v in ref_model.state_dict().items()})
-        for seed in seeds:
-            inputs = _draw_inputs(reference, seed, device)
-            for case in (None, *problem.numeric_stress):
-                case_inputs = _scaled(inputs, case)
-                label = f"seed {seed} case {case.name if case else 'nominal'}"
-                plan.checks.append(Check(label, case_inputs, _clone_all(case_inputs), ref_model(*case_inputs), case))
-        base = _draw_inputs(reference, seeds[0], device)
-        for sc in structural:
-            case_inputs = getattr(reference, sc.function)(base, **sc.params)
-            plan.checks.append(Check(f"seed {seeds[0]} case {sc.name}", case_inputs, _clone_all(case_inputs),
-                                     ref_model(*case_inputs), None))
-        for seed in timing_seeds:
-            inputs = _draw_inputs(reference, seed + 7919 * shape.idx, device)
-            plan.timing_sets.append(inputs)
-            plan.timing_refs.append(ref_model(*inputs))
-        plans.append(plan)
-        del ref_model
-    return plans
+    def enter(self, phase: str) -> None:
+        self.result["phase"] = phase
+        if self.path:
+            tmp = f"{self.path}.tmp"
+            Path(tmp).write_text(phase)
+            os.replace(tmp, self.path)
 
 
 # ------------------------------------------------------------------------------ grading
-
-
-def _forbidden_hits(problem: Problem, solution_dir: Path) -> list[str]:
-    """Forbidden substrings found in any text file of the submission (sidecars included)."""
-    hits = []
-    for path in sorted(solution_dir.rglob("*")):
-        if not path.is_file() or path.name == "run.yaml":
-            continue
-        try:
-            text = path.read_text()
-        except (UnicodeDecodeError, OSError):
-            continue
-        hits += [f"{needle!r} in {path.name}" for needle in problem.forbidden if needle in text]
-    return hits
 
 
 def _check_state(before: dict[str, Any], when: str) -> None:
@@ -249,14 +91,22 @@ def _check_state(before: dict[str, Any], when: str) -> None:
         raise Failure("integrity_violation", f"torch global state changed {when}: {detail}")
 
 
-def _call(model: torch.nn.Module, inputs: list[Any], what: str) -> Any:
+def _guarded(what: str, fn: Callable[[], Any]) -> Any:
+    """Run candidate code; any exception (SystemExit included) becomes a graded Failure."""
     try:
-        with torch.no_grad():
-            return model(*inputs)
+        return fn()
     except Failure:
         raise
-    except BaseException as exc:  # SystemExit and friends from candidate code included
+    except BaseException as exc:
         raise Failure(_status_of(exc), f"{what}: {_one_line(exc)}") from exc
+
+
+def _call(model: torch.nn.Module, inputs: list[Any], what: str) -> Any:
+    def run() -> Any:
+        with torch.no_grad():
+            return model(*inputs)
+
+    return _guarded(what, run)
 
 
 def _check_shape(problem: Problem, plan: ShapePlan, model: torch.nn.Module, state: dict[str, Any],
@@ -267,7 +117,7 @@ def _check_shape(problem: Problem, plan: ShapePlan, model: torch.nn.Module, stat
         where = f"shape {plan.shape.idx} ({plan.shape.label}) {check.label}"
         out = _call(model, check.inputs, where)
         if device == "cuda":
-            torch.cuda.synchronize()
+            _guarded(where, torch.cuda.synchronize)
         _check_state(state, f"during {where}")
         for i, (now, then) in enumerate(zip(check.inputs, check.pristine, strict=True)):
             if isinstance(now, torch.Tensor) and not torch.equal(now, then):
@@ -280,71 +130,132 @@ def _check_shape(problem: Problem, plan: ShapePlan, model: torch.nn.Module, stat
     return worst
 
 
-def _time_shape(plan: ShapePlan, fn: Callable[..., Any], device: str, env: dict[str, Any],
-                rep_ms: float | None) -> tuple[TimeStats, list[Any]]:
+def _verify_timed(problem: Problem, plan: ShapePlan, outputs: list[Any], what: str) -> None:
+    for i, (ref_out, out) in enumerate(zip(plan.timing_refs, outputs, strict=True)):
+        if out is None:
+            continue
+        atol, rtol = problem.tolerance_for(dtype_name(ref_out.dtype))
+        verdict = compare(ref_out, out, atol, rtol)
+        if not verdict.ok:
+            raise Failure("wrong", f"shape {plan.shape.idx}: {what} on input set {i} returned a wrong output: "
+                                   f"{verdict.message}")
+
+
+def _time(fn: Callable[..., Any], sets: list[list[Any]], device: str, env: dict[str, Any],
+          rep_ms: float | None) -> tuple[TimeStats, list[Any]]:
     kwargs = {} if rep_ms is None else {"rep_ms": rep_ms}
     if device == "cuda":
-        stats, last = time_cuda(fn, plan.timing_sets, l2_bytes=env["l2_bytes"], **kwargs)
-    else:
-        stats, last = time_cpu(fn, plan.timing_sets, **kwargs)
-    return stats, last
+        return time_cuda(fn, sets, l2_bytes=env["l2_bytes"], **kwargs)
+    return time_cpu(fn, sets, **kwargs)
+
+
+def _audit_timed_call(problem: Problem, plan: ShapePlan, model: torch.nn.Module, stats: TimeStats,
+                      flush: torch.Tensor) -> dict[str, Any]:
+    """GPU-only checks of what the timed call really did: work on other streams, the kernels it
+    launched. Returns the extra per-shape fields."""
+    where = f"shape {plan.shape.idx}"
+    host_ms = _guarded(f"{where}: host-timed calls", lambda: audit.host_synced_ms(model, plan.timing_sets, flush))
+    if host_ms > ESCAPE_FACTOR * stats.median_ms + ESCAPE_SLACK_MS:
+        raise Failure("integrity_violation",
+                      f"{where}: work escaped the timed stream — a call takes {host_ms:.4f} ms to a device-wide "
+                      f"synchronise but {stats.median_ms:.4f} ms between the stream's events")
+    kernels = _guarded(f"{where}: profiled call", lambda: audit.timed_kernels(model, plan.timing_sets[0]))
+    problems = audit.kernel_problems(problem, kernels)
+    if problems:
+        raise Failure("forbidden", f"{where}: {'; '.join(problems)}")
+    return {"host_ms": host_ms, "kernels": kernels}
+
+
+def _graph_times(problem: Problem, plans: list[ShapePlan], models: list[torch.nn.Module],
+                 shapes: list[dict[str, Any]], flush: torch.Tensor) -> None:
+    """CUDA-graph replay times for launch-bound shapes, last, because a capture that fails can
+    leave the stream unusable; a failure only leaves `graph_ms` empty."""
+    for plan, model, row in zip(plans, models, shapes, strict=True):
+        if row["median_ms"] >= LAUNCH_BOUND_MS:
+            continue
+        try:
+            ms, out = audit.graph_replay_ms(model, plan.timing_sets[0], flush)
+            _verify_timed(problem, plan, [out, None], "the CUDA-graph replay")
+            row["graph_ms"] = ms
+        except Failure:
+            raise
+        except BaseException as exc:  # not capturable: report, keep the latency as the measure
+            row["graph_note"] = f"not capturable in a CUDA graph: {_one_line(exc, 200)}"
+            print(f"[worker] shape {plan.shape.idx}: {row['graph_note']}", flush=True)
+            return
+
+
+def _job_problem(job: dict[str, Any]) -> Problem:
+    return load_problem(Path(job["problem_path"]))
 
 
 def grade(job: dict[str, Any], result: dict[str, Any]) -> None:
     """Grade one submission, filling `result` as it goes (so a failure keeps env and seeds)."""
+    phases = _Phases(job.get("phase_path"), result)
     device, base_seed = job["device"], int(job["base_seed"])
-    problem = load_problem(Path(job["problem_dir"]))
+    problem = _job_problem(job)
     solution_dir = Path(job["solution_dir"])
     shapes = problem.shapes_for(device)
     seeds = [*problem.seeds, base_seed]
     env = probe_environment(device)
-    result.update(env=env, seeds=seeds, shapes=[], phase="reference")
-    reference = _import_file("reference", problem.reference_path)
-    _install_shapes_module(shapes)
+    result.update(env=env, seeds=seeds, shapes=[])
+    phases.enter("reference")
+    reference = import_file("reference", problem.reference_path)
+    install_shapes_module(shapes)
     print(f"[worker] planning {len(shapes)} shapes × {len(seeds)} seeds on {env['device_name']}", flush=True)
-    plans = _plan(problem, reference, shapes, seeds, (base_seed + 1, base_seed + 2), device)
-    hits = _forbidden_hits(problem, solution_dir)
+    plans = make_plan(problem, reference, shapes, seeds, (base_seed + 1, base_seed + 2), device)
+    hits = audit.forbidden_text_hits(problem, solution_dir)
     if hits:
         raise Failure("forbidden", f"forbidden op used: {'; '.join(hits)}")
     state = torch_global_state()
-    result["phase"] = "candidate"
+    phases.enter("build")
     sys.path.insert(0, str(solution_dir))
     t0 = time.perf_counter()
     try:
-        solution = _import_file("solution", solution_dir / "solution.py")
+        solution = import_file("solution", solution_dir / "solution.py")
     except BaseException as exc:
         status = "oom" if isinstance(exc, torch.OutOfMemoryError) else "build_error"
         raise Failure(status, f"importing solution.py: {_one_line(exc)}") from exc
     result["import_seconds"] = time.perf_counter() - t0
     _check_state(state, "when solution.py was imported")
+    flush = None
+    if device == "cuda":
+        result["l2"] = audit.reset_persisting_l2()
+        flush = torch.empty(2 * env["l2_bytes"] // 4, dtype=torch.int32, device="cuda")
+    models = []
     for plan in plans:
-        _apply_shape(reference, problem, plan.shape)
-        try:
+        phases.enter("correctness")
+        apply_shape(reference, problem, plan.shape)
+
+        def construct(plan: ShapePlan = plan) -> torch.nn.Module:
             if problem.weight_transfer == "seed":
                 torch.manual_seed(seeds[0])
-            model = _build_model(solution, plan.init_args, device, problem.solution_class)
+            model = build_model(solution, plan.init_args, device, problem.solution_class)
             if problem.weight_transfer == "state_dict":
                 model.load_state_dict(plan.state_dict, strict=True)
-        except BaseException as exc:
-            raise Failure(_status_of(exc), f"shape {plan.shape.idx}: building Model: {_one_line(exc)}") from exc
+            return model
+
+        model = _guarded(f"shape {plan.shape.idx}: building Model", construct)
+        if plan is plans[0]:
+            ops = _guarded("dispatch-mode call",
+                           functools.partial(audit.forbidden_op_hits, problem, model, plan.checks[0].inputs))
+            if ops:
+                raise Failure("forbidden", f"forbidden aten ops ran: {', '.join(ops)}")
         worst = _check_shape(problem, plan, model, state, device)
         print(f"[worker] shape {plan.shape.idx} correct (‖d‖/‖ref‖ ≤ {worst:.3g})", flush=True)
-        try:
-            stats, last = _time_shape(plan, model, device, env, job.get("rep_ms"))
-        except Failure:
-            raise
-        except BaseException as exc:
-            raise Failure(_status_of(exc), f"shape {plan.shape.idx}: timing: {_one_line(exc)}") from exc
+        phases.enter("timing")
+        stats, last = _guarded(f"shape {plan.shape.idx}: timing",
+                               functools.partial(_time, model, plan.timing_sets, device, env, job.get("rep_ms")))
         _check_state(state, f"while timing shape {plan.shape.idx}")
-        for i, (ref_out, out) in enumerate(zip(plan.timing_refs, last, strict=True)):
-            atol, rtol = problem.tolerance_for(dtype_name(ref_out.dtype))
-            verdict = compare(ref_out, out, atol, rtol)
-            if not verdict.ok:
-                raise Failure("wrong", f"shape {plan.shape.idx}: a timed call on input set {i} "
-                                       f"returned a wrong output: {verdict.message}")
+        _verify_timed(problem, plan, last, "a timed call")
+        row: dict[str, Any] = {"idx": plan.shape.idx, **stats.row(), "wall_ms": stats.wall_ms, "max_rel_err": worst}
+        if flush is not None:
+            row.update(_audit_timed_call(problem, plan, model, stats, flush))
         print(f"[worker] shape {plan.shape.idx} median {stats.median_ms:.4f} ms × {stats.iterations}", flush=True)
-        result["shapes"].append({"idx": plan.shape.idx, **stats.row(), "wall_ms": stats.wall_ms,
-                                 "max_rel_err": worst})
+        result["shapes"].append(row)
+        models.append(model)
+    if flush is not None:
+        _graph_times(problem, plans, models, result["shapes"], flush)
     n_checks = sum(len(p.checks) for p in plans)
     result.update(status="pass", message=f"correct on all {n_checks} checks ({len(plans)} shapes × "
                                          f"{len(seeds)} seeds × {1 + len(problem.numeric_stress)} numeric "
@@ -354,30 +265,29 @@ def grade(job: dict[str, Any], result: dict[str, Any]) -> None:
 def baselines(job: dict[str, Any], result: dict[str, Any]) -> None:
     """Time the reference itself, eager and through torch.compile, on every shape."""
     device = job["device"]
-    problem = load_problem(Path(job["problem_dir"]))
+    problem = _job_problem(job)
     shapes = problem.shapes_for(device)
     env = probe_environment(device)
     result.update(env=env, phase="reference")
-    reference = _import_file("reference", problem.reference_path)
-    _install_shapes_module(shapes)
+    reference = import_file("reference", problem.reference_path)
+    install_shapes_module(shapes)
     rows = []
     for shape in shapes:
-        plans = _plan(problem, reference, (shape,), [int(job["base_seed"])], BASELINE_TIMING_SEEDS, device)
-        plan = plans[0]
+        plan = make_plan(problem, reference, (shape,), [int(job["base_seed"])], BASELINE_TIMING_SEEDS, device)[0]
+        plan.checks.clear()  # only the timing sets are needed here
         torch.manual_seed(int(job["base_seed"]))
-        model = _build_model(reference, plan.init_args, device)
+        model = build_model(reference, plan.init_args, device)
         for variant in job["variants"]:
             row: dict[str, Any] = {"shape_idx": shape.idx, "variant": variant}
             try:
-                fn = _variant_fn(model, variant)
-                stats, _ = _time_shape(plan, fn, device, env, job.get("rep_ms"))
+                stats, _ = _time(_variant_fn(model, variant), plan.timing_sets, device, env, job.get("rep_ms"))
                 row.update(status="ok", message="ok", **stats.row())
                 print(f"[baseline] shape {shape.idx} {variant}: {stats.median_ms:.4f} ms", flush=True)
             except Exception as exc:  # a baseline that cannot run is recorded, not fatal
                 row.update(status="error", message=_one_line(exc))
                 print(f"[baseline] shape {shape.idx} {variant}: {row['message']}", flush=True)
             rows.append(row)
-        del model, plans, plan
+        del model, plan
     result.update(status="ok", message="ok", baselines=rows)
 
 

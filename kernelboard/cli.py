@@ -38,8 +38,16 @@ def main() -> None:
               help="Grade only runs whose run_id matches this glob (repeatable).")
 @click.option("--resume", is_flag=True,
               help="Skip runs already graded on this GPU with the same solution and grader version.")
+@click.option("--regrade", is_flag=True,
+              help="Grade everything selected even with --resume, and measure the baselines again.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900.0, show_default=True,
-              help="Seconds one submission may take (build, correctness and timing) before it is killed.")
+              help="Seconds one submission may take in all before its process group is killed.")
+@click.option("--build-timeout", "build_timeout_s", type=click.FloatRange(min=1), default=600.0, show_default=True,
+              help="Seconds for importing solution.py (compiling its extensions) and building its Model.")
+@click.option("--check-timeout", "check_timeout_s", type=click.FloatRange(min=1), default=600.0, show_default=True,
+              help="Seconds for the correctness checks of one shape.")
+@click.option("--timing-timeout", "timing_timeout_s", type=click.FloatRange(min=1), default=600.0,
+              show_default=True, help="Seconds for timing one shape.")
 @click.option("--baseline-timeout", "baseline_timeout_s", type=click.FloatRange(min=1), default=1800.0,
               show_default=True, help="Seconds the eager and torch.compile baselines of one problem may take.")
 @click.pass_context
@@ -50,6 +58,20 @@ def eval(ctx: click.Context, **options: object) -> None:
     from kernelboard.eval.schedule import EvalOptions, run_eval
 
     run_eval(EvalOptions(**options))  # type: ignore[arg-type]
+
+
+@eval.command("calibrate")
+@click.option("--out", type=_DIR, default=Path("data/results"), show_default=True,
+              help="Results folder; the measured peaks go to OUT/<gpu>/hardware.parquet.")
+def eval_calibrate(out: Path) -> None:
+    """Measure this GPU's copy bandwidth and bf16/fp8 GEMM throughput into the hardware table."""
+    from kernelboard.eval.schedule import run_calibrate
+
+    row = run_calibrate(out)
+    fp8 = row["measured_fp8_tflop_s"]
+    click.echo(f"{row['name']}: copy {row['measured_copy_gb_s']:.0f} GB/s (datasheet {row['bandwidth_gb_s']}), "
+               f"bf16 {row['measured_bf16_tflop_s']:.0f} TFLOP/s (datasheet {row['peak_tflop_s_bf16']}), "
+               f"fp8 {'n/a' if fp8 is None else f'{fp8:.0f}'} TFLOP/s (datasheet {row['peak_tflop_s_fp8']})")
 
 
 # ---------------------------------------------------------------------------------------- site

@@ -117,6 +117,11 @@ class ShapeResult:
     speedup_vs_eager: float | None
     speedup_vs_compile: float | None
     max_rel_err: float | None
+    measured_fraction: float | None
+    host_ms: float | None
+    graph_ms: float | None
+    kernels: list[str] | None
+    note: str | None
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,7 @@ class Result:
     speedup_vs_compile: float | None
     speedup_vs_eager: float | None
     peak_fraction: float | None
+    peak_fraction_measured: float | None
     compile_variant: str | None
     n_shapes: int
     timer: str

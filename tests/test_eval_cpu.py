@@ -62,6 +62,11 @@ SUBMISSIONS: dict[str, str | None] = {
         if key not in self._memo:
             self._memo[key] = super().forward(query, kv_cache, block_table, seq_lens)
         return self._memo[key]"""),
+    "sdpa_alias": _MODEL_PREAMBLE.format(body="""\
+        attend = getattr(torch.nn.functional, "scaled_dot_" + "product_attention")
+        attend(query[:, :, None], query[:, :, None], query[:, :, None])
+        return super().forward(query, kv_cache, block_table, seq_lens)"""),
+    "slow_import": "import time\ntime.sleep(120)\n",
     "rate_limited": None,
     "no_solution": None,
 }
@@ -82,6 +87,8 @@ EXPECTED = {
     "fp32_output": "wrong",
     "nan_output": "wrong",
     "caches_output": "wrong",
+    "sdpa_alias": "forbidden",
+    "slow_import": "timeout",
     "rate_limited": "dnf",
     "no_solution": "not_graded",
 }
@@ -107,7 +114,7 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, di
     root = tmp_path_factory.mktemp("eval")
     subs = write_submissions(root)
     opts = EvalOptions(deck=DECK, submissions=subs, out=root / "results", device="cpu",
-                       timeout_s=30.0, rep_ms=20.0)
+                       timeout_s=30.0, build_timeout_s=10.0, rep_ms=20.0)
     rows = run_eval(opts)
     return root, {r["run_id"]: r for r in rows}
 
@@ -139,6 +146,9 @@ def test_failures_explain_themselves(graded) -> None:
     assert "timed call" in rows["caches_output"]["message"] or "out of tolerance" in rows["caches_output"]["message"]
     assert "scaled_dot_product_attention" in rows["forbidden"]["message"]
     assert "429" in rows["rate_limited"]["message"]
+    assert "forbidden aten ops ran: aten::_scaled_dot_product" in rows["sdpa_alias"]["message"]
+    assert "phase 'build' ran past its 10 s budget" in rows["slow_import"]["message"]
+    assert "in phase 'correctness'" in rows["hang"]["message"]
 
 
 def test_hard_exit_after_printing_pass_is_not_a_pass(graded) -> None:
@@ -167,6 +177,15 @@ def test_resume_skips_graded_runs_and_keeps_baselines(graded) -> None:
                        resume=True, only=("correct", "wrong"), rep_ms=20.0)
     assert run_eval(opts) == []
     assert baselines.stat().st_mtime_ns == before
+
+
+def test_regrade_grades_again_despite_resume(graded) -> None:
+    root, rows = graded
+    opts = EvalOptions(deck=DECK, submissions=root / "submissions", out=root / "results", device="cpu",
+                       resume=True, regrade=True, only=("no_solution",), rep_ms=20.0)
+    again = run_eval(opts)
+    assert [r["run_id"] for r in again] == ["no_solution"]
+    assert again[0]["graded_at"] >= rows["no_solution"]["graded_at"]
 
 
 def test_cli_reports_a_bad_run_yaml_in_one_line(tmp_path: Path) -> None:

@@ -1,0 +1,160 @@
+"""Run-time audits of candidate code (worker side). Each function names the attack it stops.
+
+A text search of solution.py alone is dodged by an alias (`getattr(F, "scaled_" + …)`), a sidecar
+file or a `.cu` source; these checks look at what actually ran instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import re
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .deck import Problem
+
+#: CUDA kernels that PyTorch, its compiler or a vendor library launch — not the candidate's own.
+LIBRARY_KERNEL = re.compile(
+    r"^(void )?(at::|at_cuda_detail|\(anonymous namespace\)|c10::|cub::|cutlass::Kernel|cutlass_\d|cutlass3x_|"
+    r"sm\d+_xmma|nvjet|cublas|cudnn|ampere_|volta_|turing_|hopper_|gemv|gemmk|gemmSN_|magma_|"
+    r"internal::gemvx|dot_kernel|splitKreduce|triton_(poi|red|per|tem)_|Memcpy|Memset|memcpy|memset)"
+)
+
+
+def forbidden_text_hits(problem: Problem, solution_dir: Path) -> list[str]:
+    """Stops the plain call of a forbidden library: its name in any text file of the submission
+    (sidecars and .cu files included, not only solution.py)."""
+    hits = []
+    for path in sorted(solution_dir.rglob("*")):
+        if not path.is_file() or path.name == "run.yaml":
+            continue
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue
+        hits += [f"{needle!r} in {path.name}" for needle in problem.forbidden if needle in text]
+    return hits
+
+
+class _OpLog(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.name())
+        return func(*args, **(kwargs or {}))
+
+
+def forbidden_op_hits(problem: Problem, fn: Callable[..., Any], inputs: list[Any]) -> list[str]:
+    """Stops an aliased call of a forbidden aten op (e.g. SDPA reached through getattr): one call
+    runs under a dispatch mode that logs every aten op it reaches."""
+    if not problem.forbidden_ops:
+        return []
+    log = _OpLog()
+    with torch.no_grad(), log:
+        fn(*inputs)
+    return sorted({op for op in log.ops for needle in problem.forbidden_ops if needle in op})
+
+
+def timed_kernels(fn: Callable[..., Any], inputs: list[Any]) -> list[str]:
+    """The distinct CUDA kernels one call launches, in first-launch order (torch profiler/CUPTI)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(*inputs)
+        torch.cuda.synchronize()
+    names: list[str] = []
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA and event.name not in names:
+            names.append(event.name)
+    return names
+
+
+def kernel_problems(problem: Problem, kernels: list[str]) -> list[str]:
+    """Stops a library doing the whole job inside the timed call (cuBLAS behind `load_inline`, a
+    flash-attention kernel, the reference resubmitted): forbidden kernel names, and — where the
+    problem requires it — a call that launched no kernel of the candidate's own."""
+    found = [f"forbidden kernel {k!r}" for k in kernels for pattern in problem.forbidden_kernels
+             if re.search(pattern, k)]
+    if problem.require_own_kernel and not [k for k in kernels if not LIBRARY_KERNEL.search(k)]:
+        shown = ", ".join(k[:60] for k in kernels[:4]) or "none"
+        found.append(f"no kernel of its own ran: all {len(kernels)} kernels are PyTorch or library kernels "
+                     f"({shown}{', …' if len(kernels) > 4 else ''})")
+    return found
+
+
+def _cudart() -> ctypes.CDLL | None:
+    candidates = [ctypes.util.find_library("cudart")]
+    for root in {os.path.dirname(torch.__file__), *(os.path.dirname(p) for p in torch.__path__)}:
+        candidates += glob.glob(os.path.join(root, "..", "nvidia", "*", "lib", "libcudart.so*"))
+        candidates += glob.glob(os.path.join(root, "..", "nvidia", "cuda_runtime", "lib", "libcudart.so*"))
+        candidates += glob.glob(os.path.join(root, "lib", "libcudart*.so*"))
+    for path in filter(None, candidates):
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    return None
+
+
+def reset_persisting_l2() -> str:
+    """Stops L2 residency tricks (persisting access-policy windows that survive the flush): the
+    persisting-L2 limit is set to 0 and persisting lines are reset. Returns what was done."""
+    lib = _cudart()
+    if lib is None:
+        return "persisting-L2 reset unavailable (libcudart not found)"
+    limit_rc = lib.cudaDeviceSetLimit(ctypes.c_int(0x06), ctypes.c_size_t(0))  # cudaLimitPersistingL2CacheSize
+    reset_rc = lib.cudaCtxResetPersistingL2Cache()
+    return f"persisting-L2 limit 0 (rc {limit_rc}), reset (rc {reset_rc})"
+
+
+def host_synced_ms(fn: Callable[..., Any], input_sets: list[list[Any]], flush: torch.Tensor,
+                   calls: int = 10) -> float:
+    """Stops work hidden on another stream: host wall time per call with a device-wide synchronise
+    after it (which waits for every stream), cold L2 as in the event timing; median of `calls`."""
+    samples = []
+    with torch.no_grad():
+        for i in range(calls):
+            flush.zero_()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            fn(*input_sets[i % len(input_sets)])
+            torch.cuda.synchronize()
+            samples.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(samples)
+
+
+def graph_replay_ms(fn: Callable[..., Any], inputs: list[Any], flush: torch.Tensor,
+                    replays: int = 20) -> tuple[float, Any]:
+    """GPU time of one call with launch overhead removed: the call captured in a CUDA graph and
+    replayed after the L2 flush. Reported beside the latency for launch-bound shapes, never
+    instead of it. Returns (median ms, the graph's output for the caller to verify)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad():
+        with torch.cuda.stream(stream):
+            fn(*inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn(*inputs)
+    times = []
+    for _ in range(replays):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times), out

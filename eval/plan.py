@@ -1,0 +1,118 @@
+"""The grading plan: every reference output a submission will be checked against, computed from
+the deck's reference before any candidate code is imported (worker side: imports torch)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .deck import Problem, Shape, StressCase
+
+
+def import_file(name: str, path: Path) -> types.ModuleType:
+    """Import `path` as top-level module `name`, registered in sys.modules first (as
+    KernelBench-Hard solutions expect `import reference` to return this very object)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def install_shapes_module(shapes: tuple[Shape, ...]) -> None:
+    module = types.ModuleType("shapes")
+    module.SHAPES = [dict(s.params) for s in shapes]  # type: ignore[attr-defined]
+    sys.modules["shapes"] = module
+
+
+def apply_shape(reference: types.ModuleType, problem: Problem, shape: Shape) -> None:
+    for key, global_name in problem.shape_globals.items():
+        setattr(reference, global_name, shape.params[key])
+
+
+def draw_inputs(reference: types.ModuleType, seed: int, device: str) -> list[Any]:
+    torch.manual_seed(seed)
+    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in reference.get_inputs()]
+
+
+def scaled(inputs: list[Any], case: StressCase | None) -> list[Any]:
+    """A stress case's inputs: listed positions rescaled in fp32 and re-rounded to their dtype."""
+    if case is None:
+        return inputs
+    out = list(inputs)
+    for pos, factor in case.scale.items():
+        out[pos] = (inputs[pos].float() * factor).to(inputs[pos].dtype)
+    return out
+
+
+def build_model(module: types.ModuleType, init_args: list[Any], device: str,
+                class_name: str = "Model") -> torch.nn.Module:
+    return getattr(module, class_name)(*init_args).to(torch.device(device)).eval()
+
+
+def clone_all(inputs: list[Any]) -> list[Any]:
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+@dataclass
+class Check:
+    """One call to verify: its inputs, pristine copies of them, and the reference output."""
+
+    label: str
+    inputs: list[Any]
+    pristine: list[Any]
+    ref_out: torch.Tensor
+    stress: StressCase | None
+
+
+@dataclass
+class ShapePlan:
+    """Everything computed from the reference for one shape."""
+
+    shape: Shape
+    init_args: list[Any]
+    state_dict: dict[str, torch.Tensor]
+    checks: list[Check] = field(default_factory=list)
+    timing_sets: list[list[Any]] = field(default_factory=list)
+    timing_refs: list[torch.Tensor] = field(default_factory=list)
+
+
+@torch.no_grad()
+def make_plan(problem: Problem, reference: types.ModuleType, shapes: tuple[Shape, ...], seeds: list[int],
+              timing_seeds: tuple[int, ...], device: str) -> list[ShapePlan]:
+    """Reference outputs for every shape × seed × stress case (numeric, then structural, drawn
+    from the last seed — the run's fresh one) and for the timing input sets."""
+    structural = problem.structural_stress.cases(seeds[-1]) if problem.structural_stress else []
+    plans = []
+    for shape in shapes:
+        apply_shape(reference, problem, shape)
+        init_args = list(reference.get_init_inputs())
+        torch.manual_seed(seeds[0])
+        ref_model = build_model(reference, init_args, device)
+        plan = ShapePlan(shape, init_args, {k: v.detach().clone() for k, v in ref_model.state_dict().items()})
+        for seed in seeds:
+            inputs = draw_inputs(reference, seed, device)
+            for case in (None, *problem.numeric_stress):
+                case_inputs = scaled(inputs, case)
+                label = f"seed {seed} case {case.name if case else 'nominal'}"
+                plan.checks.append(Check(label, case_inputs, clone_all(case_inputs), ref_model(*case_inputs), case))
+        base = draw_inputs(reference, seeds[0], device)
+        for sc in structural:
+            case_inputs = getattr(reference, sc.function)(base, **sc.params)
+            plan.checks.append(Check(f"seed {seeds[0]} case {sc.name}", case_inputs, clone_all(case_inputs),
+                                     ref_model(*case_inputs), None))
+        for seed in timing_seeds:
+            inputs = draw_inputs(reference, seed + 7919 * shape.idx, device)
+            plan.timing_sets.append(inputs)
+            plan.timing_refs.append(ref_model(*inputs))
+        plans.append(plan)
+        del ref_model
+    return plans

@@ -1,0 +1,175 @@
+"""Running worker processes (parent side, no torch): isolation, caches, timeouts, the GPU lock.
+
+Each worker is a fresh `python -m kernelboard.eval.worker JOB` in its own process group and
+working directory (a scratch copy of the submission), with torch-extension and Triton caches keyed
+by the solution's hash. The worker names its phase in a file beside its job; a phase that runs past
+its budget, or a worker past the total budget, has its whole process group killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from kernelboard.errors import UsageError
+
+_console = Console(stderr=True)
+
+
+@dataclass(frozen=True)
+class WorkerOutcome:
+    result: dict[str, Any]
+    seconds: float
+    log_path: Path
+
+
+def cutlass_include() -> Path | None:
+    """CUTLASS headers shipped by the `nvidia-cutlass` package, if installed (so CUTLASS-based
+    solutions compile without cloning CUTLASS themselves)."""
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        include = Path(root) / "source" / "include"
+        if (include / "cutlass" / "cutlass.h").is_file():
+            return include
+    return None
+
+
+def worker_env(cache_key: str, arch: str | None = None) -> dict[str, str]:
+    """The worker's environment: private compile caches, the GPU's arch, CUTLASS headers."""
+    cache = Path(os.environ.get("KERNELBOARD_CACHE", Path.home() / ".cache" / "kernelboard")) / cache_key
+    env = dict(os.environ)
+    env.update(
+        TORCH_EXTENSIONS_DIR=str(cache / "torch_extensions"),
+        TRITON_CACHE_DIR=str(cache / "triton"),
+        CUDA_CACHE_PATH=str(cache / "cuda"),
+        PYTHONDONTWRITEBYTECODE="1",
+        PYTHONUNBUFFERED="1",
+    )
+    if arch and "TORCH_CUDA_ARCH_LIST" not in os.environ:
+        env["TORCH_CUDA_ARCH_LIST"] = arch
+    include = cutlass_include()
+    if include is not None:
+        env["CUTLASS_PATH"] = str(include.parent)
+        env["CPLUS_INCLUDE_PATH"] = os.pathsep.join(filter(None, [str(include), os.environ.get("CPLUS_INCLUDE_PATH")]))
+    return env
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+
+
+def _read_phase(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def run_worker(job: dict[str, Any], workdir: Path, log_path: Path, timeout_s: float, cache_key: str,
+               phase_timeouts: Mapping[str, float] | None = None, arch: str | None = None) -> WorkerOutcome:
+    """Run one worker job; a crash, a hang or a missing result becomes a status, never a raise."""
+    result_path = workdir.parent / f"{workdir.name}.result.json"
+    phase_path = workdir.parent / f"{workdir.name}.phase"
+    job = {**job, "result_path": str(result_path), "phase_path": str(phase_path)}
+    job_path = workdir.parent / f"{workdir.name}.job.json"
+    job_path.write_text(json.dumps(job, sort_keys=True))
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    limits = dict(phase_timeouts or {})
+    start = time.perf_counter()
+    phase, phase_start = None, start
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kernelboard.eval.worker", str(job_path)],
+            cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=worker_env(cache_key, arch), start_new_session=True,
+        )
+        try:
+            while True:
+                try:
+                    rc = proc.wait(timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                now = time.perf_counter()
+                seen = _read_phase(phase_path)
+                if seen != phase:
+                    phase, phase_start = seen, now
+                limit = limits.get(phase or "")
+                if limit is not None and now - phase_start > limit:
+                    return WorkerOutcome({"status": "timeout", "phase": phase,
+                                          "message": f"phase '{phase}' ran past its {limit:.0f} s budget"},
+                                         now - start, log_path)
+                if now - start > timeout_s:
+                    return WorkerOutcome({"status": "timeout", "phase": phase,
+                                          "message": f"killed after {timeout_s:.0f} s (in phase '{phase}')"},
+                                         now - start, log_path)
+        finally:
+            _kill_group(proc)  # on every path: children it left behind (compilers, helpers) go too
+    seconds = time.perf_counter() - start
+    if rc < 0:
+        name = signal.Signals(-rc).name if -rc in signal.valid_signals() else str(-rc)
+        return WorkerOutcome({"status": "runtime_error", "message": f"the worker died from {name} "
+                                                                   f"(in phase '{phase}')"}, seconds, log_path)
+    try:
+        result = json.loads(result_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        msg = f"the worker exited with code {rc} without writing a result (a hard exit in candidate code?)"
+        return WorkerOutcome({"status": "runtime_error", "message": msg}, seconds, log_path)
+    return WorkerOutcome(result, seconds, log_path)
+
+
+@contextlib.contextmanager
+def gpu_lock(gpu: str) -> Iterator[None]:
+    """One grader per device at a time: two `kernelboard eval` processes queue, never overlap."""
+    import fcntl
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
+    path = Path(tempfile.gettempdir()) / f"kernelboard-{gpu}-{visible}.lock"
+    with open(path, "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _console.print(f"[yellow]waiting for another kernelboard eval on {gpu} ({path})[/]")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def probe_device(device: str) -> dict[str, Any]:
+    """Device identity from a short-lived process, so the parent stays free of torch."""
+    code = ("import json,sys,torch;from kernelboard.eval.probe import probe_environment as p;d=sys.argv[1];"
+            "print(json.dumps(p(d) if d=='cpu' or torch.cuda.is_available() else {'error':'no CUDA device'}))")
+    out = subprocess.run([sys.executable, "-c", code, device], capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        last = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode
+        raise UsageError(f"cannot start a worker (is the 'eval' extra, i.e. torch, installed?): {last}")
+    env = json.loads(out.stdout.strip().splitlines()[-1])
+    if "error" in env:
+        raise UsageError(f"--device {device}: {env['error']}; use --device cpu to grade on the CPU")
+    return env
+
+
+def driver_version() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
