@@ -136,6 +136,26 @@ def run_worker(job: dict[str, Any], workdir: Path, log_path: Path, timeout_s: fl
     return WorkerOutcome(result, seconds, log_path)
 
 
+def start_prebuild(problem_path: Path, solution_dir: Path, log_path: Path, cache_key: str,
+                   arch: str | None) -> subprocess.Popen[bytes]:
+    """Start compiling a solution's extensions on the CPU (see prebuild.py); returns the process."""
+    env = {**worker_env(cache_key, arch), "CUDA_VISIBLE_DEVICES": ""}
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "kernelboard.eval.prebuild", str(problem_path), str(solution_dir)],
+            cwd=solution_dir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True,
+        )
+
+
+def finish_prebuild(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Let a prebuild finish (up to `timeout_s`), then make sure its whole group is gone."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=timeout_s)
+    _kill_group(proc)
+
+
 @contextlib.contextmanager
 def gpu_lock(gpu: str) -> Iterator[None]:
     """One grader per device at a time: two `kernelboard eval` processes queue, never overlap."""

@@ -13,6 +13,7 @@ import datetime as dt
 import fnmatch
 import secrets
 import shutil
+import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from kernelboard.errors import UsageError
 
 from .deck import Problem, load_deck
 from .hardware import GPUS, GpuSpec, gpu_key
-from .sandbox import driver_version, gpu_lock, probe_device, run_worker
+from .sandbox import driver_version, finish_prebuild, gpu_lock, probe_device, run_worker, start_prebuild
 from .schema import DNF_OUTCOMES
 from .scoring import best_compile, result_row, shape_rows
 from .submission import Submission, discover
@@ -49,6 +50,7 @@ class EvalOptions:
     only: tuple[str, ...] = ()
     resume: bool = False
     regrade: bool = False  # grade even what --resume would skip, and measure baselines again
+    prebuild: bool | None = None  # compile the next solution on the CPU meanwhile; None = on for CUDA
     timeout_s: float = 900.0
     build_timeout_s: float = 600.0
     check_timeout_s: float = 600.0
@@ -201,8 +203,26 @@ def _hardware_row(out: Path, gpu: str, spec: GpuSpec | None, env: dict[str, Any]
             "source": "no datasheet peaks for this device: timings only, no roofline fractions"}}
 
 
+def _gradeable(opts: EvalOptions, problem: Problem | None, sub: Submission) -> bool:
+    return (problem is not None and sub.has_solution and sub.meta["agent_outcome"] not in DNF_OUTCOMES
+            and bool(problem.shapes_for(opts.device)))
+
+
+def _prebuild(opts: EvalOptions, gpu: str, problem: Problem, sub: Submission, env: dict[str, Any],
+              scratch: Path) -> subprocess.Popen[bytes]:
+    folder = scratch / f"{sub.run_id}.prebuild"
+    shutil.copytree(sub.folder, folder, ignore=shutil.ignore_patterns("run.yaml", "__pycache__"))
+    log = opts.out / gpu / "logs" / f"{sub.run_id}.prebuild.log"
+    return start_prebuild(problem.folder.resolve(), folder, log, sub.solution_sha256() or sub.run_id,
+                          env.get("capability"))
+
+
 def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
-    """Grade every selected submission; returns the result rows written."""
+    """Grade every selected submission; returns the result rows written.
+
+    While the GPU grades one submission, the next one's extensions compile on the CPU
+    (`--prebuild`, on by default for CUDA): its worker then finds them in the shared cache.
+    """
     deck = load_deck(opts.deck)
     subs = [s for s in discover(opts.submissions)
             if not opts.only or any(fnmatch.fnmatch(s.run_id, g) for g in opts.only)]
@@ -214,6 +234,7 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
     driver = driver_version() if opts.device == "cuda" else None
     _console.print(f"grading {len(subs)} submissions on {env['device_name']} → {opts.out / gpu}")
     upsert(table_path(opts.out, gpu, "hardware"), "hardware", [_hardware_row(opts.out, gpu, spec, env)])
+    prebuild = opts.device == "cuda" if opts.prebuild is None else opts.prebuild
     rows = []
     with gpu_lock(gpu), tempfile.TemporaryDirectory(prefix="kernelboard-") as tmp, Progress(
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -221,24 +242,35 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
     ) as progress:
         scratch = Path(tmp)
         task = progress.add_task("grading", total=len(subs))
-        baselines: dict[str, dict[int, dict[str, Any]]] = {}
+        queue = []
         for sub in subs:
-            progress.update(task, description=f"grading {sub.run_id}")
             if opts.resume and not opts.regrade and _already_graded(opts, gpu, sub):
                 progress.console.print(f"  {sub.run_id}: already graded, skipped (--resume)")
                 progress.advance(task)
-                continue
-            problem = deck.get(sub.problem)
-            needs_grading = problem is not None and sub.has_solution and \
-                sub.meta["agent_outcome"] not in DNF_OUTCOMES and bool(problem.shapes_for(opts.device))
-            if needs_grading and problem.name not in baselines:
-                baselines[problem.name] = ensure_baselines(opts, gpu, problem, env, scratch)
+            else:
+                queue.append((sub, deck.get(sub.problem)))
+        gradeable = [sub.run_id for sub, problem in queue if _gradeable(opts, problem, sub)]
+        prebuilds: dict[str, subprocess.Popen[bytes]] = {}
+        baselines: dict[str, dict[int, dict[str, Any]]] = {}
+        for sub, problem in queue:
+            progress.update(task, description=f"grading {sub.run_id}")
+            if sub.run_id in gradeable and problem is not None:
+                nxt = gradeable.index(sub.run_id) + 1
+                if prebuild and nxt < len(gradeable):
+                    nsub, nproblem = next((s, p) for s, p in queue if s.run_id == gradeable[nxt])
+                    prebuilds[nsub.run_id] = _prebuild(opts, gpu, nproblem, nsub, env, scratch)  # type: ignore[arg-type]
+                if sub.run_id in prebuilds:
+                    finish_prebuild(prebuilds.pop(sub.run_id), opts.build_timeout_s)
+                if problem.name not in baselines:
+                    baselines[problem.name] = ensure_baselines(opts, gpu, problem, env, scratch)
             row = grade_submission(opts, gpu, spec, problem, sub, env,
                                    baselines.get(sub.problem, {}), scratch, driver)
             score = f" {row['speedup_vs_compile']:.2f}× vs compile" if row["speedup_vs_compile"] else ""
             progress.console.print(f"  {sub.run_id}: {row['status']}{score} — {row['message']}")
             rows.append(row)
             progress.advance(task)
+        for proc in prebuilds.values():
+            finish_prebuild(proc, 0)
     if rows:
         _console.print(summary_table(rows))
     return rows

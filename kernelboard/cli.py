@@ -40,6 +40,9 @@ def main() -> None:
               help="Skip runs already graded on this GPU with the same solution and grader version.")
 @click.option("--regrade", is_flag=True,
               help="Grade everything selected even with --resume, and measure the baselines again.")
+@click.option("--prebuild/--no-prebuild", default=None,
+              help="Compile the next solution's extensions on the CPU while the GPU grades "
+                   "[default: on with --device cuda].")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900.0, show_default=True,
               help="Seconds one submission may take in all before its process group is killed.")
 @click.option("--build-timeout", "build_timeout_s", type=click.FloatRange(min=1), default=600.0, show_default=True,
