@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+
 from kernelboard.eval.audit import LIBRARY_KERNEL, timed_kernels
 from kernelboard.eval.deck import load_problem
 from kernelboard.eval.plan import apply_shape, build_model, draw_inputs, import_file, install_shapes_module

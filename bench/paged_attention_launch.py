@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from kernelboard.eval.deck import load_problem
 from kernelboard.eval.plan import apply_shape as _apply_shape
 from kernelboard.eval.plan import import_file as _import_file

@@ -18,10 +18,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
+from site_fixtures import make_site_inputs, scale_site_inputs  # noqa: E402
+
 from kernelboard.eval.tables import load_all  # noqa: E402
 from kernelboard.sitegen import build_site  # noqa: E402
 from kernelboard.sitegen.load import load_site  # noqa: E402
-from site_fixtures import make_site_inputs, scale_site_inputs  # noqa: E402
 
 
 def best_of(fn, repeats: int = 3) -> float:

@@ -17,14 +17,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from kernelboard.errors import DataError, DeckError
 from kernelboard.eval.deck import Problem, load_problem
 from kernelboard.eval.hardware import PRECISIONS
 from kernelboard.eval.roofline import geomean
 from kernelboard.eval.schema import TABLES
 from kernelboard.eval.submission import RUN_ID_PATTERN
 from kernelboard.eval.tables import load_all
-
-from kernelboard.errors import DataError, DeckError
 
 #: Results graded with `--device cpu` live under this GPU key; they have no hardware row.
 CPU_KEY = "cpu"

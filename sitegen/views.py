@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from kernelboard.eval.roofline import geomean
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import PythonLexer
+
+from kernelboard.eval.roofline import geomean
 
 from . import charts
 from .board import (

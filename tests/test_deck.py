@@ -6,9 +6,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from kernelboard.eval.deck import evaluate_formula, load_deck, load_problem
 
 from kernelboard.errors import DeckError
+from kernelboard.eval.deck import evaluate_formula, load_deck, load_problem
 
 DECK = Path(__file__).resolve().parents[1] / "eval" / "decks" / "hard"
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from kernelboard.eval.schedule import EvalOptions, run_eval
-from kernelboard.eval.tables import load_all, read_table, table_path
 
 from kernelboard.cli import main as cli
+from kernelboard.eval.schedule import EvalOptions, run_eval
+from kernelboard.eval.tables import load_all, read_table, table_path
 
 ROOT = Path(__file__).resolve().parents[1]
 DECK = ROOT / "eval" / "decks" / "hard"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from kernelboard.eval.schedule import EvalOptions, run_eval
 from kernelboard.eval.tables import load_all
 

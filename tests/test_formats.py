@@ -7,11 +7,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
+from kernelboard.errors import DeckError
 from kernelboard.eval.deck import load_deck, load_problem
 from kernelboard.eval.formats import KB_HARD, NATIVE, SI_KB, detect_format, load_deck_any, load_problem_any
 from kernelboard.eval.schedule import EvalOptions, run_eval
-
-from kernelboard.errors import DeckError
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from kernelboard.eval.sandbox import cutlass_include, worker_env
 from kernelboard.eval.schedule import EvalOptions, run_eval
 

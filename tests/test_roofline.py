@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from kernelboard.eval.hardware import GPUS, gpu_key
 from kernelboard.eval.roofline import gb_s, geomean, roofline, speedup, tflop_s
 

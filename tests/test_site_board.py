@@ -6,9 +6,10 @@ import datetime as dt
 from dataclasses import replace
 
 import pytest
+from site_fixtures import DNF, GPU, HOUSE, PASS, WRONG, SiteInputs
+
 from kernelboard.sitegen.board import Cell, Row, build_boards, rank_rows, score
 from kernelboard.sitegen.load import SiteData, load_site
-from site_fixtures import DNF, GPU, HOUSE, PASS, WRONG, SiteInputs
 
 
 @pytest.fixture(scope="module")

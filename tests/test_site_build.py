@@ -14,13 +14,13 @@ import html5lib
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from kernelboard.eval.tables import upsert
-from kernelboard.sitegen import build_site
-from kernelboard.sitegen.render import MARKER
 from site_fixtures import DNF, GPU, HOUSE, PASS, PROBLEM, REFERENCE, WRONG, SiteInputs
 
 from kernelboard.cli import main
 from kernelboard.errors import DataError, DeckError, KernelboardError
+from kernelboard.eval.tables import upsert
+from kernelboard.sitegen import build_site
+from kernelboard.sitegen.render import MARKER
 
 EXPECTED_PAGES = {
     "index.html",

@@ -8,10 +8,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from kernelboard.eval.schema import SCHEMA_VERSION, TABLES
-from kernelboard.eval.tables import load_all, read_table, rows_to_table, table_path, upsert
 
 from kernelboard.errors import DataError
+from kernelboard.eval.schema import SCHEMA_VERSION, TABLES
+from kernelboard.eval.tables import load_all, read_table, rows_to_table, table_path, upsert
 
 NOW = dt.datetime(2026, 11, 29, 19, 0, tzinfo=dt.UTC)
 

@@ -6,6 +6,7 @@ import inspect
 
 import pytest
 import torch
+
 from kernelboard.eval import timing
 from kernelboard.eval.correctness import compare
 
