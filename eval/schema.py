@@ -21,10 +21,14 @@ AGENT_OUTCOMES = (
     "early_stop",
     "no_solution",
     "harness_error",
+    "provider_unavailable",
+    "solution_unrecoverable",
 )
 
 #: Outcomes that are the infrastructure's fault, not the model's: shown as DNF, never scored 0.
-DNF_OUTCOMES = frozenset({"rate_limited", "provider_error", "credits_exhausted", "harness_error"})
+DNF_OUTCOMES = frozenset(
+    {"rate_limited", "provider_error", "provider_unavailable", "credits_exhausted", "harness_error"}
+)
 
 #: Grading verdicts. `pass` alone carries a score; `dnf` only for runs whose outcome is a DNF.
 STATUSES = (
@@ -107,6 +111,7 @@ RESULTS = _schema(
     _f("python_version", pa.string()),
     _f("graded_at", _ts, False),
     _f("grader_version", pa.string(), False),
+    _f("measured_by", pa.string(), False),
     _f("seeds", pa.list_(pa.int64())),
     _f("grade_seconds", pa.float64()),
     _f("log_path", pa.string()),

@@ -91,7 +91,8 @@ def result_row(*, run_id: str, gpu: str, status: str, message: str, shapes: list
         "device_name": env.get("device_name") or "unknown", "driver_version": driver_version,
         "cuda_version": env.get("cuda_version"), "torch_version": env.get("torch_version"),
         "triton_version": env.get("triton_version"), "python_version": env.get("python_version"),
-        "graded_at": graded_at, "grader_version": grader_version, "seeds": seeds,
+        "graded_at": graded_at, "grader_version": grader_version, "measured_by": f"kernelboard {grader_version}",
+        "seeds": seeds,
         "grade_seconds": grade_seconds, "log_path": log_path,
     }
     if status != "pass":

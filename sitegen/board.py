@@ -81,6 +81,8 @@ OUTCOME_LABELS: dict[str, str] = {
     "early_stop": "stopped early",
     "no_solution": "no solution",
     "harness_error": "harness error",
+    "provider_unavailable": "provider unavailable",
+    "solution_unrecoverable": "solution not recoverable from the trace",
 }
 
 for _table, _known in ((STATUS_LABELS, STATUSES), (STATUS_HELP, STATUSES), (STATUS_TONES, STATUSES),

@@ -146,6 +146,7 @@ class Result:
     python_version: str | None
     graded_at: datetime
     grader_version: str
+    measured_by: str
     seeds: list[int] | None
     grade_seconds: float | None
     log_path: str | None

@@ -75,7 +75,7 @@ def _result(run_id: str, gpu: str, status: str, message: str, shapes: list[dict]
         "driver_version": None if gpu == "cpu" else "580.95.05",
         "cuda_version": None if gpu == "cpu" else "12.8", "torch_version": "2.11.0",
         "triton_version": "3.5.0", "python_version": "3.11.14", "graded_at": GRADED,
-        "grader_version": "0.1.0", "seeds": [42, 123, 456], "grade_seconds": 48.5,
+        "grader_version": "0.1.0", "measured_by": "kernelboard 0.1.0", "seeds": [42, 123, 456], "grade_seconds": 48.5,
         "log_path": f"data/results/{gpu}/logs/{run_id}.log", **extra,
     }
 

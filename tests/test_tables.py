@@ -29,7 +29,8 @@ def result_row(run_id: str = "r1", status: str = "pass", speedup: float | None =
             "speedup_vs_compile": speedup, "speedup_vs_eager": speedup, "peak_fraction": None,
             "compile_variant": None, "n_shapes": 1, "timer": "cuda_event", "device_name": "NVIDIA H200",
             "driver_version": None, "cuda_version": None, "torch_version": None, "triton_version": None,
-            "python_version": None, "graded_at": NOW, "grader_version": "0", "seeds": [1, 2],
+            "python_version": None, "graded_at": NOW, "grader_version": "0", "measured_by": "kernelboard 0",
+            "seeds": [1, 2],
             "grade_seconds": 1.0, "log_path": None}
 
 
