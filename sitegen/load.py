@@ -271,9 +271,20 @@ def load_site(data_dir: Path, decks_dir: Path) -> SiteData:
         hardware=hardware,
         problems=_load_decks(decks_dir, runs),
         solutions=_read_solutions(data_dir / "submissions", runs),
-        table_files={f"data/results/{p.parent.name}/{p.name}": p
-                     for p in sorted(results_dir.glob("*/*.parquet")) if p.stem in TABLES},
+        table_files={**{f"data/results/{p.parent.name}/{p.name}": p
+                        for p in sorted(results_dir.glob("*/*.parquet")) if p.stem in TABLES},
+                     **_log_files(results_dir, results)},
     )
+
+
+def _log_files(results_dir: Path, results: tuple[Result, ...]) -> dict[str, Path]:
+    """The grading logs the results name (published beside the tables so a reader can check them)."""
+    logs = {}
+    for r in results:
+        path = results_dir / r.log_path if r.log_path else None
+        if path is not None and path.is_file() and path.resolve().is_relative_to(results_dir.resolve()):
+            logs[f"data/results/{r.log_path}"] = path
+    return logs
 
 
 def _check_keys(results_dir: Path, runs: dict[str, Run], results: tuple[Result, ...],

@@ -96,7 +96,7 @@ def home(data: SiteData) -> dict[str, Any]:
         "problems": [data.problems[k] for k in sorted(data.problems)],
         "ordering_rule": ORDERING_RULE,
         "legend": [(s, STATUS_LABELS[s], STATUS_TONES[s], STATUS_HELP[s]) for s in STATUS_LABELS],
-        "downloads": sorted(data.table_files),
+        "downloads": sorted(k for k in data.table_files if k.endswith(".parquet")),
         "n_runs": len(data.runs),
         "n_results": len(data.results),
         "charts": False,
@@ -222,6 +222,8 @@ def run(data: SiteData, result: Result) -> dict[str, Any]:
         "peak_text": peak_text(prob, data.hardware.get(result.gpu)),
         "source_html": Markup(highlight(source, PythonLexer(), _FORMATTER)) if source is not None else None,
         "trace_href": _safe_href(the_run.trace_url),
+        "log_href": f"data/results/{result.log_path}" if f"data/results/{result.log_path}" in data.table_files
+        else None,
         "charts": False,
     }
 
