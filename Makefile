@@ -22,7 +22,7 @@ $(VENV)/.site: pyproject.toml
 
 $(VENV)/.dev: pyproject.toml $(VENV)/.site
 	$(BIN)/pip install -q "$(TORCH_CPU)"
-	$(BIN)/pip install -q -e ".[dev,eval]"
+	$(BIN)/pip install -q -e ".[dev,eval,traces]"
 	touch $@
 
 site: $(VENV)/.site  ## build the static site from data/ into dist/

@@ -117,5 +117,15 @@ def site_serve(site_dir: Path, port: int, bind: str) -> None:
             httpd.serve_forever()
 
 
+def _register_import() -> None:
+    """`kernelboard import …` lives with the importers (sitegen/ingest); its heavy imports
+    (`datasets`) happen inside the command bodies."""
+    from kernelboard.sitegen.ingest.cli import import_group
+
+    main.add_command(import_group)
+
+
+_register_import()
+
 if __name__ == "__main__":
     main()

@@ -4,7 +4,9 @@ A **cell** is the best graded run of one model on one problem on one GPU; a **bo
 cell of one bench on one GPU. Which run is "best": a pass beats a failure, a failure beats a
 run that was not graded, and that beats a DNF; among passes the higher speedup over
 torch.compile wins; among the rest the most recently graded run (then the smaller run_id).
-A DNF cell therefore means that every run of that model on that problem was a DNF.
+A DNF cell therefore means that every run of that model on that problem was a DNF. A run whose
+audit annotation carries a flagging verdict (reward_hack, rubric_leak, contamination, …) is
+**flagged**: shown as "flag: <verdict>" with the auditor's summary, ranked and scored as a failure.
 """
 
 from __future__ import annotations
@@ -15,14 +17,15 @@ from dataclasses import dataclass, replace
 
 from kernelboard.eval.schema import AGENT_OUTCOMES, STATUSES
 
-from .load import CPU_KEY, Problem, Result, Run, SiteData
+from .load import CPU_KEY, Annotation, Problem, Result, Run, SiteData
 
 #: The ordering rule, as the pages print it. `rank_rows` implements exactly this.
 ORDERING_RULE = (
     "Rows are ordered by score: the mean, over the problems on this board, of each cell's share of "
     "the best — a pass scores its speedup over torch.compile divided by the best AI-model speedup on "
-    "that problem on this GPU (so the best scores 1); a failure, or a problem the model has no run on, "
-    "scores 0; a DNF is left out of the mean (it shrinks the denominator), because the infrastructure, "
+    "that problem on this GPU (so the best scores 1); a failure, a pass an audit flagged (reward hack, "
+    "rubric leak, contamination), or a problem the model has no run on, scores 0; a DNF is left out of "
+    "the mean (it shrinks the denominator), because the infrastructure, "
     "not the model, ended that run. Ties go to more passes, then to the name. House rows (the house "
     "kernel and calibration rows, harness 'house') are reference points: shown, never ranked, and "
     "never the best."
@@ -101,6 +104,11 @@ def reason_for(run: Run, result: Result) -> str:
     return result.message
 
 
+def flag_of(annotation: Annotation | None) -> str | None:
+    """'flag: <verdict>' when an audit verdict invalidates the run, else None."""
+    return f"flag: {annotation.verdict}" if annotation is not None and annotation.flags else None
+
+
 @dataclass(frozen=True)
 class Cell:
     """The best graded run of one model on one problem on one GPU."""
@@ -109,23 +117,30 @@ class Cell:
     result: Result
     share: float | None  # pass: speedup / the board's best AI-model speedup on this problem
     is_best: bool
+    annotation: Annotation | None = None  # the run's audit verdict, if audited
+
+    @property
+    def flag(self) -> str | None:
+        return flag_of(self.annotation)
 
     @property
     def state(self) -> str:
-        """'pass', 'dnf' or 'fail' (anything else the model produced, or failed to)."""
+        """'pass', 'dnf', 'flag' (an audit invalidated it) or 'fail' (anything else the model produced)."""
+        if self.flag:
+            return "flag"
         return self.result.status if self.result.status in ("pass", "dnf") else "fail"
 
     @property
     def label(self) -> str:
-        return STATUS_LABELS[self.result.status]
+        return self.flag or STATUS_LABELS[self.result.status]
 
     @property
     def tone(self) -> str:
-        return STATUS_TONES[self.result.status]
+        return "bad" if self.flag else STATUS_TONES[self.result.status]
 
     @property
     def reason(self) -> str:
-        return reason_for(self.run, self.result)
+        return self.annotation.summary if self.flag else reason_for(self.run, self.result)  # type: ignore[union-attr]
 
 
 @dataclass(frozen=True)
@@ -176,9 +191,9 @@ def gpu_order(gpus: Iterable[str]) -> list[str]:
     return sorted(set(gpus), key=lambda g: (g == CPU_KEY, g))
 
 
-def _preference(run: Run, result: Result) -> tuple:
+def _preference(run: Run, result: Result, flagged: bool = False) -> tuple:
     """Sort key: the smallest is the run a cell shows (see the module docstring)."""
-    tier = {"pass": 0, "not_graded": 2, "dnf": 3}.get(result.status, 1)
+    tier = 1 if flagged else {"pass": 0, "not_graded": 2, "dnf": 3}.get(result.status, 1)
     speed = -(result.speedup_vs_compile or 0.0)
     return (tier, speed, -result.graded_at.timestamp(), run.run_id)
 
@@ -198,15 +213,21 @@ def build_boards(data: SiteData) -> tuple[Board, ...]:
 def _board(data: SiteData, gpu: str, bench: str, results: list[Result]) -> Board:
     names = sorted({data.runs[r.run_id].problem for r in results})
     problems = tuple(data.problems[(bench, n)] for n in names)
+    notes = data.annotations
     picked: dict[tuple[str, str], tuple[Run, Result]] = {}
+
+    def rank(run: Run, result: Result) -> tuple:
+        return _preference(run, result, flag_of(notes.get(run.run_id)) is not None)
+
     for result in results:
         run = data.runs[result.run_id]
         key = (run.model, run.problem)
-        if key not in picked or _preference(run, result) < _preference(*picked[key]):
+        if key not in picked or rank(run, result) < rank(*picked[key]):
             picked[key] = (run, result)
+    valid = {key: res.is_pass and not flag_of(notes.get(run.run_id)) for key, (run, res) in picked.items()}
     best = {
-        name: max((res.speedup_vs_compile for (_, p), (run, res) in picked.items()  # type: ignore[misc]
-                   if p == name and res.is_pass and not run.is_house), default=None)
+        name: max((res.speedup_vs_compile for (m, p), (run, res) in picked.items()  # type: ignore[misc]
+                   if p == name and valid[(m, p)] and not run.is_house), default=None)
         for name in names
     }
     rows = []
@@ -218,8 +239,9 @@ def _board(data: SiteData, gpu: str, bench: str, results: list[Result]) -> Board
                 cells.append(None)
                 continue
             run, res = picked[(model, name)]
-            share = res.speedup_vs_compile / best[name] if res.is_pass and best[name] else None
-            cells.append(Cell(run, res, share, res.is_pass and not run.is_house and share == 1.0))
+            ok = valid[(model, name)]
+            share = res.speedup_vs_compile / best[name] if ok and best[name] else None
+            cells.append(Cell(run, res, share, ok and not run.is_house and share == 1.0, notes.get(run.run_id)))
         rows.append(_row(model, runs, tuple(cells)))
     return Board(bench, gpu, gpu_label(data, gpu), problems, rank_rows(rows))
 
@@ -273,18 +295,19 @@ class Entry:
     run: Run
     result: Result
     label: str  # unique on the page: the model's name, numbered when it has several runs
+    annotation: Annotation | None = None
 
     @property
     def tone(self) -> str:
-        return STATUS_TONES[self.result.status]
+        return "bad" if flag_of(self.annotation) else STATUS_TONES[self.result.status]
 
     @property
     def reason(self) -> str:
-        return reason_for(self.run, self.result)
+        return self.annotation.summary if flag_of(self.annotation) else reason_for(self.run, self.result)  # type: ignore[union-attr]
 
     @property
     def status_label(self) -> str:
-        return STATUS_LABELS[self.result.status]
+        return flag_of(self.annotation) or STATUS_LABELS[self.result.status]
 
 
 def problem_entries(data: SiteData, bench: str, problem: str) -> dict[str, tuple[Entry, ...]]:
@@ -296,12 +319,13 @@ def problem_entries(data: SiteData, bench: str, problem: str) -> dict[str, tuple
             by_gpu[result.gpu].append((run, result))
     out = {}
     for gpu in gpu_order(by_gpu):
-        pairs = sorted(by_gpu[gpu], key=lambda p: _preference(*p))
+        notes = data.annotations
+        pairs = sorted(by_gpu[gpu], key=lambda p: _preference(*p, flag_of(notes.get(p[0].run_id)) is not None))
         seen: dict[str, int] = defaultdict(int)
         numbered = {}
         for run, _ in sorted(by_gpu[gpu], key=lambda p: p[0].run_id):
             seen[run.model_display] += 1
             n = seen[run.model_display]
             numbered[run.run_id] = run.model_display if n == 1 else f"{run.model_display} #{n}"
-        out[gpu] = tuple(Entry(run, res, numbered[run.run_id]) for run, res in pairs)
+        out[gpu] = tuple(Entry(run, res, numbered[run.run_id], notes.get(run.run_id)) for run, res in pairs)
     return out

@@ -4,12 +4,14 @@
 checks the data contract), loads the deck of every problem the runs name through `eval.deck`,
 reads each run's `solution.py`, and applies the cross-checks the pages depend on (a pass has its
 shape rows and their geomean is the headline; a graded GPU has a hardware row; keys are safe as
-URL path parts). Every problem found is reported in one error; code past this module trusts the
-types.
+URL path parts). Audit annotations (`DATA/annotations/<run_id>.yaml`) are validated by
+`ingest.annotations`. Every problem found is reported in one error; code past this module trusts
+the types.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass, fields
@@ -25,6 +27,8 @@ from kernelboard.eval.schema import TABLES
 from kernelboard.eval.submission import RUN_ID_PATTERN
 from kernelboard.eval.tables import load_all
 
+from .ingest.annotations import Annotation, load_annotations
+
 #: Results graded with `--device cpu` live under this GPU key; they have no hardware row.
 CPU_KEY = "cpu"
 
@@ -38,10 +42,16 @@ HOUSE_HARNESS = "house"
 #: Relative tolerance between a pass's headline speedup and the geomean of its shape rows.
 _GEOMEAN_RTOL = 1e-6
 
+#: `measured_by` of rows an importer read from another grader ("KernelBench-Hard (imported)"). Such a pass
+#: may carry per-shape times without per-shape speedups (the other grader published only geomean baselines).
+IMPORTED_SUFFIX = "(imported)"
+
 __all__ = [
     "CPU_KEY",
     "HOUSE_HARNESS",
     "HOUSE_MODEL",
+    "IMPORTED_SUFFIX",
+    "Annotation",
     "Baseline",
     "Hardware",
     "Problem",
@@ -218,6 +228,8 @@ class SiteData:
     problems: dict[tuple[str, str], Problem]  # (bench, problem name) -> deck problem
     solutions: dict[str, str]  # run_id -> solution.py text, for runs that have one
     table_files: dict[str, Path]  # "data/results/<gpu>/<table>.parquet" -> the file, offered for download
+    #: run_id -> audit verdict, from DATA/annotations (only runs that are in the tables)
+    annotations: dict[str, Annotation] = dataclasses.field(default_factory=dict)
 
     @property
     def last_updated(self) -> datetime | None:
@@ -274,6 +286,7 @@ def load_site(data_dir: Path, decks_dir: Path) -> SiteData:
         table_files={**{f"data/results/{p.parent.name}/{p.name}": p
                         for p in sorted(results_dir.glob("*/*.parquet")) if p.stem in TABLES},
                      **_log_files(results_dir, results)},
+        annotations={k: v for k, v in load_annotations(data_dir / "annotations").items() if k in runs},
     )
 
 
@@ -321,9 +334,12 @@ def _check_results(results_dir: Path, runs: dict[str, Run], results: tuple[Resul
         if not r.is_pass:
             continue
         speedups = [s.speedup_vs_compile for s in r.shapes]
+        imported_geomean_only = r.measured_by.endswith(IMPORTED_SUFFIX) and all(v is None for v in speedups)
         if len(r.shapes) != r.n_shapes:
             bad.append(f"{where}: field 'n_shapes': a pass over {r.n_shapes} shapes has {len(r.shapes)} "
                        f"rows in shapes.parquet")
+        elif imported_geomean_only:
+            continue
         elif any(v is None or not (math.isfinite(v) and v > 0) for v in speedups):
             bad.append(f"{where}: shapes.parquet: a pass needs a positive 'speedup_vs_compile' "
                        "on every shape")
