@@ -222,6 +222,7 @@ def run(data: SiteData, result: Result) -> dict[str, Any]:
         "peak_text": peak_text(prob, data.hardware.get(result.gpu)),
         "source_html": Markup(highlight(source, PythonLexer(), _FORMATTER)) if source is not None else None,
         "trace_href": _safe_href(the_run.trace_url),
+        "annotation": data.annotations.get(result.run_id),
         "log_href": f"data/results/{result.log_path}" if f"data/results/{result.log_path}" in data.table_files
         else None,
         "charts": False,
