@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import shutil
-import textwrap
 import types
 from pathlib import Path
 
 import pytest
 import torch
+from grading import grade
 from torch.utils.flop_counter import FlopCounterMode
 
 from kernelboard.eval.deck import Problem, Shape, load_problem
 from kernelboard.eval.formats import NATIVE, detect_format
-from kernelboard.eval.schedule import EvalOptions, run_eval
 
 DECK = Path(__file__).resolve().parents[1] / "eval" / "decks" / "hard"
 FP8, W4 = "01_fp8_gemm", "07_w4a16_gemm"
@@ -348,17 +346,8 @@ SUBMISSIONS = {  # run_id -> (problem, solution.py, expected status)
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     """One grading batch on a deck holding only these two problems (one baseline run each)."""
-    root = tmp_path_factory.mktemp("gemms")
-    for name in (FP8, W4):
-        shutil.copytree(DECK / name, root / "deck" / name)
-    for run_id, (problem, source, _) in SUBMISSIONS.items():
-        folder = root / "subs" / run_id
-        folder.mkdir(parents=True)
-        (folder / "solution.py").write_text(textwrap.dedent(source))
-        (folder / "run.yaml").write_text(f"problem: {problem}\nmodel: t\nharness: pytest\nagent_outcome: completed\n")
-    rows = run_eval(EvalOptions(deck=root / "deck", submissions=root / "subs", out=root / "out", device="cpu",
-                                rep_ms=20.0))
-    return {r["run_id"]: r for r in rows}
+    subs = {run_id: (problem, source) for run_id, (problem, source, _) in SUBMISSIONS.items()}
+    return grade(tmp_path_factory.mktemp("gemms"), (FP8, W4), subs)
 
 
 @pytest.mark.parametrize("run_id", sorted(SUBMISSIONS))

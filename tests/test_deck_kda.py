@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import shutil
-import textwrap
 import types
 from pathlib import Path
 
 import pytest
 import torch
+from grading import REEXPORT, grade
 from torch.utils.flop_counter import FlopCounterMode
 
 from kernelboard.eval.deck import Problem, Shape, load_problem
 from kernelboard.eval.plan import apply_shape
-from kernelboard.eval.schedule import EvalOptions, run_eval
 
 FOLDER = Path(__file__).resolve().parents[1] / "eval" / "decks" / "hard" / "02_kda_cutlass"
 
@@ -249,18 +247,8 @@ class Model(reference.Model):
 
 
 def test_cpu_grading_passes_the_reference_and_fails_wrong_kernels(tmp_path: Path) -> None:
-    deck = tmp_path / "deck"
-    shutil.copytree(FOLDER, deck / FOLDER.name)
-    subs = tmp_path / "subs"
-    sources = {"correct": "from reference import Model, get_inputs, get_init_inputs  # noqa: F401\n",
-               "no_decay": NO_DECAY, "stateless": STATELESS}
-    for run_id, source in sources.items():
-        (subs / run_id).mkdir(parents=True)
-        (subs / run_id / "solution.py").write_text(textwrap.dedent(source))
-        (subs / run_id / "run.yaml").write_text(
-            "problem: 02_kda_cutlass\nmodel: t\nharness: pytest\nagent_outcome: completed\n")
-    rows = {r["run_id"]: r for r in run_eval(EvalOptions(deck=deck, submissions=subs, out=tmp_path / "out",
-                                                         device="cpu", rep_ms=20.0))}
+    sources = {"correct": REEXPORT, "no_decay": NO_DECAY, "stateless": STATELESS}
+    rows = grade(tmp_path, (FOLDER.name,), {run_id: (FOLDER.name, src) for run_id, src in sources.items()})
     assert rows["correct"]["status"] == "pass", rows["correct"]["message"]
     assert rows["no_decay"]["status"] == "wrong", rows["no_decay"]["message"]
     assert "large_qkv" in rows["no_decay"]["message"]  # nominal outputs (< 0.015) sit inside atol 0.05

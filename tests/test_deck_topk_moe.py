@@ -4,19 +4,17 @@ graded end to end on the CPU (05 returns a tuple, which the grader does not comp
 
 from __future__ import annotations
 
-import shutil
-import textwrap
 import types
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from grading import grade
 from torch.utils.flop_counter import FlopCounterMode
 
 from kernelboard.eval.deck import Problem, Shape, evaluate_formula, load_problem
 from kernelboard.eval.plan import apply_shape, import_file
-from kernelboard.eval.schedule import EvalOptions, run_eval
 
 DECK = Path(__file__).resolve().parents[1] / "eval" / "decks" / "hard"
 TOPK, MOE = "05_topk_bitonic", "06_sonic_moe_swiglu"
@@ -356,16 +354,8 @@ MOE_SUBMISSIONS = {
 
 @pytest.fixture(scope="module")
 def moe_graded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    root = tmp_path_factory.mktemp("moe")
-    shutil.copytree(DECK / MOE, root / "deck" / MOE)
-    for run_id, (source, _) in MOE_SUBMISSIONS.items():
-        folder = root / "subs" / run_id
-        folder.mkdir(parents=True)
-        (folder / "solution.py").write_text(textwrap.dedent(source))
-        (folder / "run.yaml").write_text(f"problem: {MOE}\nmodel: t\nharness: pytest\nagent_outcome: completed\n")
-    rows = run_eval(EvalOptions(deck=root / "deck", submissions=root / "subs", out=root / "out", device="cpu",
-                                rep_ms=20.0))
-    return {r["run_id"]: r for r in rows}
+    subs = {run_id: (MOE, source) for run_id, (source, _) in MOE_SUBMISSIONS.items()}
+    return grade(tmp_path_factory.mktemp("moe"), (MOE,), subs)
 
 
 @pytest.mark.parametrize("run_id", sorted(MOE_SUBMISSIONS))
