@@ -1,7 +1,16 @@
-"""Run-time audits of candidate code (worker side). Each function names the attack it stops.
+"""Run-time audits of candidate code. Each function names the attack it stops.
 
 A text search of solution.py alone is dodged by an alias (`getattr(F, "scaled_" + …)`), a sidecar
-file or a `.cu` source; these checks look at what actually ran instead.
+file or a `.cu` source; these checks look at what actually ran instead. What ran can only be seen
+inside the process that ran it, so the audits come in two halves:
+
+- *collectors* run in the runner, beside candidate code, and return raw data (the aten ops a call
+  reached, the kernels it launched, host-synchronised samples, graph replay samples): `op_log`,
+  `timed_kernels`, `host_synced_samples_ms`, `graph_replay_samples_ms`, `reset_persisting_l2`;
+- *rules* run in the judge on that data: `forbidden_text_hits`, `forbidden_ops`,
+  `kernel_problems`, `escaped_work`. A candidate that patches a rule patches its own copy only.
+
+A hostile runner can still report false raw data; the rules stop what an honest runner sees.
 """
 
 from __future__ import annotations
@@ -11,7 +20,6 @@ import ctypes.util
 import glob
 import os
 import re
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +36,8 @@ LIBRARY_KERNEL = re.compile(
     r"sm\d+_xmma|nvjet|cublas|cudnn|ampere_|volta_|turing_|hopper_|gemv|gemmk|gemmSN_|magma_|"
     r"internal::gemvx|dot_kernel|splitKreduce|triton_(poi|red|per|tem)_|Memcpy|Memset|memcpy|memset)"
 )
+#: Host-synchronised time above this multiple of the event median (+ slack) means escaped work.
+ESCAPE_FACTOR, ESCAPE_SLACK_MS = 1.5, 0.05
 
 
 def forbidden_text_hits(problem: Problem, solution_dir: Path) -> list[str]:
@@ -55,19 +65,23 @@ class _OpLog(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def forbidden_op_hits(problem: Problem, fn: Callable[..., Any], inputs: list[Any]) -> list[str]:
-    """Stops an aliased call of a forbidden aten op (e.g. SDPA reached through getattr): one call
-    runs under a dispatch mode that logs every aten op it reaches."""
-    if not problem.forbidden_ops:
-        return []
+def op_log(fn: Callable[..., Any], inputs: list[Any]) -> list[str]:
+    """Collector: the distinct aten ops one call reaches under a logging dispatch mode, in
+    first-seen order."""
     log = _OpLog()
     with torch.no_grad(), log:
         fn(*inputs)
-    return sorted({op for op in log.ops for needle in problem.forbidden_ops if needle in op})
+    return list(dict.fromkeys(log.ops))
+
+
+def forbidden_ops(problem: Problem, ops: list[str]) -> list[str]:
+    """Rule: stops an aliased call of a forbidden aten op (e.g. SDPA reached through getattr)."""
+    return sorted({op for op in ops for needle in problem.forbidden_ops if needle in op})
 
 
 def timed_kernels(fn: Callable[..., Any], inputs: list[Any]) -> list[str]:
-    """The distinct CUDA kernels one call launches, in first-launch order (torch profiler/CUPTI)."""
+    """Collector: the distinct CUDA kernels one call launches, in first-launch order (torch
+    profiler/CUPTI)."""
     from torch.profiler import ProfilerActivity, profile
 
     with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -81,7 +95,7 @@ def timed_kernels(fn: Callable[..., Any], inputs: list[Any]) -> list[str]:
 
 
 def kernel_problems(problem: Problem, kernels: list[str]) -> list[str]:
-    """Stops a library doing the whole job inside the timed call (cuBLAS behind `load_inline`, a
+    """Rule: stops a library doing the whole job inside the timed call (cuBLAS behind `load_inline`, a
     flash-attention kernel, the reference resubmitted): forbidden kernel names, and — where the
     problem requires it — a call that launched no kernel of the candidate's own."""
     found = [f"forbidden kernel {k!r}" for k in kernels for pattern in problem.forbidden_kernels
@@ -118,10 +132,10 @@ def reset_persisting_l2() -> str:
     return f"persisting-L2 limit 0 (rc {limit_rc}), reset (rc {reset_rc})"
 
 
-def host_synced_ms(fn: Callable[..., Any], input_sets: list[list[Any]], flush: torch.Tensor,
-                   calls: int = 10) -> float:
-    """Stops work hidden on another stream: host wall time per call with a device-wide synchronise
-    after it (which waits for every stream), cold L2 as in the event timing; median of `calls`."""
+def host_synced_samples_ms(fn: Callable[..., Any], input_sets: list[list[Any]], flush: torch.Tensor,
+                           calls: int = 10) -> list[float]:
+    """Collector for `escaped_work`: host wall time of `calls` calls, each followed by a
+    device-wide synchronise (which waits for every stream), cold L2 as in the event timing."""
     samples = []
     with torch.no_grad():
         for i in range(calls):
@@ -131,14 +145,23 @@ def host_synced_ms(fn: Callable[..., Any], input_sets: list[list[Any]], flush: t
             fn(*input_sets[i % len(input_sets)])
             torch.cuda.synchronize()
             samples.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(samples)
+    return samples
 
 
-def graph_replay_ms(fn: Callable[..., Any], inputs: list[Any], flush: torch.Tensor,
-                    replays: int = 20) -> tuple[float, Any]:
-    """GPU time of one call with launch overhead removed: the call captured in a CUDA graph and
-    replayed after the L2 flush. Reported beside the latency for launch-bound shapes, never
-    instead of it. Returns (median ms, the graph's output for the caller to verify)."""
+def escaped_work(host_ms: float, median_ms: float) -> str | None:
+    """Rule: stops work hidden on another stream (which the timed stream's events miss): a call
+    whose host-synchronised time exceeds ESCAPE_FACTOR × the event median + ESCAPE_SLACK_MS."""
+    if host_ms > ESCAPE_FACTOR * median_ms + ESCAPE_SLACK_MS:
+        return (f"work escaped the timed stream — a call takes {host_ms:.4f} ms to a device-wide "
+                f"synchronise but {median_ms:.4f} ms between the stream's events")
+    return None
+
+
+def graph_replay_samples_ms(fn: Callable[..., Any], inputs: list[Any], flush: torch.Tensor,
+                            replays: int = 20) -> tuple[list[float], Any]:
+    """Collector: GPU time of one call with launch overhead removed: the call captured in a CUDA
+    graph and replayed after the L2 flush. Reported beside the latency for launch-bound shapes,
+    never instead of it. Returns (per-replay ms, the graph's output for the judge to verify)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.no_grad():
@@ -157,4 +180,4 @@ def graph_replay_ms(fn: Callable[..., Any], inputs: list[Any], flush: torch.Tens
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
-    return statistics.median(times), out
+    return times, out

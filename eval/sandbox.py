@@ -3,7 +3,11 @@
 Each worker is a fresh `python -m kernelboard.eval.worker JOB` in its own process group and
 working directory (a scratch copy of the submission), with torch-extension and Triton caches keyed
 by the solution's hash. The worker names its phase in a file beside its job; a phase that runs past
-its budget, or a worker past the total budget, has its whole process group killed.
+its budget, or a worker past the total budget, has its whole process group killed. The job names
+the budgets too, so the worker (the judge) enforces them first on the runner it drives.
+
+`PYTHONSAFEPATH` keeps the working directory off `sys.path`: without it, a submission that ships
+`yaml.py` or a `kernelboard/` folder would replace the judge's own modules before it starts.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +63,7 @@ def worker_env(cache_key: str, arch: str | None = None) -> dict[str, str]:
         CUDA_CACHE_PATH=str(cache / "cuda"),
         PYTHONDONTWRITEBYTECODE="1",
         PYTHONUNBUFFERED="1",
+        PYTHONSAFEPATH="1",
     )
     if arch and "TORCH_CUDA_ARCH_LIST" not in os.environ:
         env["TORCH_CUDA_ARCH_LIST"] = arch
@@ -84,15 +89,17 @@ def _read_phase(path: Path) -> str | None:
 
 
 def run_worker(job: dict[str, Any], workdir: Path, log_path: Path, timeout_s: float, cache_key: str,
-               phase_timeouts: Mapping[str, float] | None = None, arch: str | None = None) -> WorkerOutcome:
+               phase_timeouts: Mapping[str, float] | None = None, arch: str | None = None,
+               on_phase: Callable[[str], None] | None = None) -> WorkerOutcome:
     """Run one worker job; a crash, a hang or a missing result becomes a status, never a raise."""
     result_path = workdir.parent / f"{workdir.name}.result.json"
     phase_path = workdir.parent / f"{workdir.name}.phase"
-    job = {**job, "result_path": str(result_path), "phase_path": str(phase_path)}
+    limits = dict(phase_timeouts or {})
+    job = {**job, "result_path": str(result_path), "phase_path": str(phase_path), "phase_timeouts_s": limits,
+           "timeout_s": timeout_s, "started_unix": time.time()}
     job_path = workdir.parent / f"{workdir.name}.job.json"
     job_path.write_text(json.dumps(job, sort_keys=True))
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    limits = dict(phase_timeouts or {})
     start = time.perf_counter()
     phase, phase_start = None, start
     with open(log_path, "w") as log:
@@ -112,6 +119,8 @@ def run_worker(job: dict[str, Any], workdir: Path, log_path: Path, timeout_s: fl
                 seen = _read_phase(phase_path)
                 if seen != phase:
                     phase, phase_start = seen, now
+                    if on_phase is not None and phase:
+                        on_phase(phase)
                 limit = limits.get(phase or "")
                 if limit is not None and now - phase_start > limit:
                     return WorkerOutcome({"status": "timeout", "phase": phase,

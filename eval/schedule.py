@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import datetime as dt
 import fnmatch
+import functools
 import secrets
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from kernelboard import __version__
@@ -140,7 +142,8 @@ def _already_graded(opts: EvalOptions, gpu: str, sub: Submission) -> bool:
 
 def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem: Problem | None,
                      sub: Submission, env: dict[str, Any], baselines: dict[int, dict[str, Any]],
-                     scratch: Path, driver: str | None) -> dict[str, Any]:
+                     scratch: Path, driver: str | None,
+                     on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Grade (or classify without grading) one submission and write its rows; returns its result row."""
     common = {"run_id": sub.run_id, "gpu": gpu, "env": env, "timer": _timer(opts.device),
               "grader_version": GRADER_VERSION, "driver_version": driver, "graded_at": _now()}
@@ -165,7 +168,7 @@ def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem:
                "solution_dir": str(workdir), "base_seed": secrets.randbits(31), "rep_ms": opts.rep_ms}
         log = opts.out / gpu / "logs" / f"{sub.run_id}.log"
         res = run_worker(job, workdir, log, opts.timeout_s, sub.solution_sha256() or sub.run_id,
-                         opts.phase_timeouts, env.get("capability"))
+                         opts.phase_timeouts, env.get("capability"), on_phase)
         result = res.result
         shapes = shape_rows(problem, spec, sub.run_id, gpu, result.get("shapes", []), baselines,
                             _hardware(opts.out, gpu)) if result.get("status") == "pass" else []
@@ -263,8 +266,8 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
                     finish_prebuild(prebuilds.pop(sub.run_id), opts.build_timeout_s)
                 if problem.name not in baselines:
                     baselines[problem.name] = ensure_baselines(opts, gpu, problem, env, scratch)
-            row = grade_submission(opts, gpu, spec, problem, sub, env,
-                                   baselines.get(sub.problem, {}), scratch, driver)
+            row = grade_submission(opts, gpu, spec, problem, sub, env, baselines.get(sub.problem, {}), scratch,
+                                   driver, functools.partial(_show_phase, progress, task, sub.run_id))
             score = f" {row['speedup_vs_compile']:.2f}× vs compile" if row["speedup_vs_compile"] else ""
             progress.console.print(f"  {sub.run_id}: {row['status']}{score} — {row['message']}")
             rows.append(row)
@@ -274,6 +277,10 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
     if rows:
         _console.print(summary_table(rows))
     return rows
+
+
+def _show_phase(progress: Progress, task: TaskID, run_id: str, phase: str) -> None:
+    progress.update(task, description=f"{run_id} · {phase}")
 
 
 def summary_table(rows: list[dict[str, Any]]) -> Table:

@@ -15,7 +15,9 @@ Method of `time_cuda` (Triton's `do_bench` pattern, made stricter):
    measured 0.3–0.45 ms for a 0.4 ms median on an H200). Calls rotate over at least two input
    sets, so an output cache keyed on the inputs cannot serve a timed call; the last output per
    input set is returned so the caller can check what the timed calls computed.
-4. Statistic: median, with p10, p90, min and the iteration count.
+4. Statistic: median, with p10, p90, min and the iteration count, computed by `summarize` from
+   the raw per-call samples, which the record keeps (`samples_ms`): when candidate code is timed
+   in the runner process, the judge recomputes the statistic from those samples itself.
 
 Known biases: events on the current stream miss work on other streams (the caller cross-checks
 wall time); for launch-bound calls (tens of µs) host dispatch is a large share of the time,
@@ -28,7 +30,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,19 +46,22 @@ class TimeStats:
     min_ms: float
     iterations: int
     wall_ms: float  # host wall clock of the whole timed loop, for the escaped-work cross-check
+    samples_ms: tuple[float, ...] = field(default=(), repr=False)  # one per timed call, in call order
 
     def row(self) -> dict[str, float | int]:
-        out = asdict(self)
-        out.pop("wall_ms")
-        return out
+        """The statistic as a result row stores it (no wall clock, no raw samples)."""
+        return {"median_ms": self.median_ms, "p10_ms": self.p10_ms, "p90_ms": self.p90_ms,
+                "min_ms": self.min_ms, "iterations": self.iterations}
 
 
-def _stats(samples_ms: list[float], wall_ms: float) -> TimeStats:
-    if len(samples_ms) < 2:
-        raise ValueError(f"need at least 2 timed calls, got {len(samples_ms)}")
-    deciles = statistics.quantiles(samples_ms, n=10, method="inclusive")
-    return TimeStats(statistics.median(samples_ms), deciles[0], deciles[-1], min(samples_ms),
-                     len(samples_ms), wall_ms)
+def summarize(samples_ms: Sequence[float], wall_ms: float) -> TimeStats:
+    """Median, p10 and p90 (inclusive deciles), min and count of per-call samples in ms."""
+    samples = tuple(float(s) for s in samples_ms)
+    if len(samples) < 2:
+        raise ValueError(f"need at least 2 timed calls, got {len(samples)}")
+    deciles = statistics.quantiles(samples, n=10, method="inclusive")
+    return TimeStats(statistics.median(samples), deciles[0], deciles[-1], min(samples), len(samples),
+                     wall_ms, samples)
 
 
 def _check_sets(input_sets: Sequence[Inputs]) -> None:
@@ -120,7 +125,7 @@ def time_cuda(
     torch.cuda.synchronize()
     wall_ms = (time.perf_counter() - wall0) * 1e3
     samples = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
-    return _stats(samples, wall_ms), last
+    return summarize(samples, wall_ms), last
 
 
 @torch.no_grad()
@@ -155,4 +160,4 @@ def time_cpu(
         t = time.perf_counter_ns()
         last[i % n] = fn(*input_sets[i % n])
         samples.append((time.perf_counter_ns() - t) / 1e6)
-    return _stats(samples, (time.perf_counter() - wall0) * 1e3), last
+    return summarize(samples, (time.perf_counter() - wall0) * 1e3), last

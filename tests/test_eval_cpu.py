@@ -30,8 +30,39 @@ class Model(reference.Model):
 {body}
 """
 
-# run_id -> solution.py source; None means no solution file at all.
-SUBMISSIONS: dict[str, str | None] = {
+_FORGER = """
+import glob
+import json
+import os
+import sys
+from pathlib import Path
+
+# Every place a job file could be named: argv, the environment, the parent's command line, the
+# folder beside the working directory (where the scheduler writes it).
+names = [*sys.argv, *os.environ.values()]
+try:
+    names += Path(f"/proc/{os.getppid()}/cmdline").read_text().split("\\0")
+except OSError:
+    pass
+names += glob.glob(str(Path.cwd().parent / "*.job.json"))
+row = {"median_ms": 1e-4, "p10_ms": 1e-4, "p90_ms": 1e-4, "min_ms": 1e-4, "iterations": 100, "wall_ms": 1.0,
+       "max_rel_err": 0.0}
+for name in names:
+    if not name.endswith(".job.json"):
+        continue
+    try:
+        job = json.loads(Path(name).read_text())
+    except (OSError, ValueError):
+        continue
+    Path(job["result_path"]).write_text(json.dumps({
+        "status": "pass", "message": "correct on every check", "seeds": [42, 123, 456, 7],
+        "env": {"device_name": "CPU: forged", "torch_version": "2", "l2_bytes": None},
+        "shapes": [{"idx": 0, **row}, {"idx": 1, **row}], "import_seconds": 0.1, "phase": "timing"}))
+"""
+
+# run_id -> solution.py source, or {file name: source} for a submission with sidecar files;
+# None means no solution file at all.
+SUBMISSIONS: dict[str, str | dict[str, str] | None] = {
     "correct": REFERENCE,
     # Attends over every slot of every table page: right only when lengths fill whole pages.
     "wrong": _MODEL_PREAMBLE.format(body="""\
@@ -67,6 +98,68 @@ SUBMISSIONS: dict[str, str | None] = {
         attend(query[:, :, None], query[:, :, None], query[:, :, None])
         return super().forward(query, kv_cache, block_table, seq_lens)"""),
     "slow_import": "import time\ntime.sleep(120)\n",
+    # Writes a passing result where the scheduler reads it, then leaves before any check runs.
+    "forges_result": _FORGER + "os._exit(0)\n",
+    # Replaces the output comparison (everywhere it is bound) with one that always agrees.
+    "patches_compare": '''
+import sys
+import torch
+import reference
+import kernelboard.eval.correctness as c
+
+_agree = lambda *a, **k: c.Verdict(True, "ok", 0.0)
+for module in list(sys.modules.values()):
+    if getattr(module, "compare", None) is c.compare:
+        module.compare = _agree
+c.compare = _agree
+
+
+class Model(reference.Model):
+    def forward(self, query, kv_cache, block_table, seq_lens):
+        return torch.zeros_like(query)
+''',
+    # Overwrites the grader's reference outputs in memory with zeros, then returns zeros.
+    "rewrites_references": '''
+import gc
+import torch
+import reference
+
+for obj in gc.get_objects():
+    if type(obj).__name__ == "Check":
+        obj.ref_out.zero_()
+    elif type(obj).__name__ == "ShapePlan":
+        for ref in obj.timing_refs:
+            ref.zero_()
+
+
+class Model(reference.Model):
+    def forward(self, query, kv_cache, block_table, seq_lens):
+        return torch.zeros_like(query)
+''',
+    # A sidecar named like a module the grader imports (yaml): forges a result if ever imported.
+    "shadows_a_grader_module": {
+        "solution.py": _MODEL_PREAMBLE.format(body="""\
+        return torch.zeros_like(query)"""),
+        "yaml.py": _FORGER + "os._exit(0)\n",
+    },
+    # Honest until the timing loop is well under way, then hands back its previous output.
+    "lazy_after_warmup": _MODEL_PREAMBLE.format(body="""\
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls > 40:
+            return self.last
+        self.last = super().forward(query, kv_cache, block_table, seq_lens)
+        return self.last"""),
+    # Takes over the runner's socket and sends the judge a frame that is not a reply.
+    "sends_garbage": REFERENCE + """
+import gc
+import struct
+
+for obj in gc.get_objects():
+    if type(obj).__name__ == "Channel":
+        obj.sock.sendall(struct.pack("<Q", 9) + b"not json!")
+""",
+    "returns_a_list": _MODEL_PREAMBLE.format(body="""\
+        return [super().forward(query, kv_cache, block_table, seq_lens)]"""),
     "rate_limited": None,
     "no_solution": None,
 }
@@ -89,6 +182,13 @@ EXPECTED = {
     "caches_output": "wrong",
     "sdpa_alias": "forbidden",
     "slow_import": "timeout",
+    "forges_result": "runtime_error",
+    "patches_compare": "wrong",
+    "rewrites_references": "wrong",
+    "shadows_a_grader_module": "wrong",
+    "lazy_after_warmup": "wrong",
+    "sends_garbage": "runtime_error",
+    "returns_a_list": "wrong",
     "rate_limited": "dnf",
     "no_solution": "not_graded",
 }
@@ -99,8 +199,9 @@ def write_submissions(root: Path) -> Path:
     for name, source in SUBMISSIONS.items():
         folder = subs / name
         folder.mkdir(parents=True)
-        if source is not None:
-            (folder / "solution.py").write_text(textwrap.dedent(source))
+        files = {"solution.py": source} if isinstance(source, str) else source or {}
+        for file_name, text in files.items():
+            (folder / file_name).write_text(textwrap.dedent(text))
         (folder / "run.yaml").write_text(
             f"problem: {PROBLEM}\nmodel: test-{name}\nharness: pytest\n"
             f"agent_outcome: {OUTCOMES.get(name, 'completed')}\n"
@@ -208,3 +309,14 @@ def test_cli_only_glob_that_matches_nothing_is_a_usage_error(tmp_path: Path) -> 
                                       "--out", str(tmp_path / "out"), "--device", "cpu", "--only", "nope*"])
     assert result.exit_code == 2
     assert "no submissions" in result.output
+
+
+def test_attacks_on_the_judge_fail_for_the_right_reason(graded) -> None:
+    _, rows = graded
+    assert "exited with code 0" in rows["forges_result"]["message"]  # the judge's verdict, not the forgery
+    assert rows["forges_result"]["speedup_vs_compile"] is None
+    for name in ("patches_compare", "rewrites_references", "shadows_a_grader_module"):
+        assert "out of tolerance" in rows[name]["message"], rows[name]["message"]
+    assert "a timed call on input set" in rows["lazy_after_warmup"]["message"]
+    assert "the runner broke the protocol" in rows["sends_garbage"]["message"]
+    assert "plain torch.Tensor, got builtins.list" in rows["returns_a_list"]["message"]

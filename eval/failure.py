@@ -1,0 +1,34 @@
+"""Graded outcomes other than pass, and how a reported error becomes one (judge side, no torch).
+
+The runner reports a candidate's exception as data — its type name, its text, whether it was a
+`torch.OutOfMemoryError` — never as a pickled object, and the judge picks the status from that
+data here. A runner that lies about an error can only choose between failing statuses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Failure(Exception):
+    """A graded outcome other than pass, raised to stop grading: carries the status."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def one_line(kind: str, text: str, limit: int = 400) -> str:
+    """'TypeName: first line of the text', cut to `limit` characters."""
+    lines = text.strip().splitlines()
+    return f"{kind}: {lines[0] if lines else ''}"[:limit]
+
+
+def status_of(error: dict[str, Any], importing: bool = False) -> str:
+    """oom for an out-of-memory error; build_error for a failed import, a compilation error or a
+    failed extension build; runtime_error for anything else."""
+    if error["oom"]:
+        return "oom"
+    if importing or "Compilation" in error["type"] or "Error building extension" in error["text"]:
+        return "build_error"
+    return "runtime_error"

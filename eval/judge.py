@@ -1,0 +1,256 @@
+"""The judge: grades one submission in the trusted worker process; candidate code never runs here.
+
+It drives a runner (runner.py), the one process that imports and runs candidate code, through
+`link.RunnerLink`, and decides everything itself:
+
+1. the reference and every reference output (all shapes × seeds × stress cases, and the timing
+   input sets) are computed here — while the runner boots, before it imports anything of the
+   candidate's — and never leave this process;
+2. forbidden substrings are looked for in every file of the submission, before any of it runs;
+3. torch's global numeric state, as the runner reports it before the import, is compared with its
+   reports after the import, each call and each timing loop (a tripwire: a runner can lie);
+4. each call's inputs are shared with the runner (protocol.Arena) and compared here, after the
+   call, with the judge's own pristine copies (no in-place writes);
+5. every output is compared here (correctness.compare) with references the runner never sees;
+   timing rotates over two fresh input sets, the statistics are recomputed here from the runner's
+   raw per-call samples, and the timed calls' last outputs are checked; the audit rules are
+   applied here to the raw data the runner collected (forbidden ops and kernels, escaped work).
+
+What this stops that one shared interpreter did not: a candidate that patches the comparison,
+the statistics or the rules, or rewrites the reference outputs in memory. What a runner can still
+lie about is listed in runner.py. `baselines()` times the reference itself (trusted code) here.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import audit
+from .correctness import Verdict, compare, dtype_name
+from .deck import Problem, load_problem
+from .failure import Failure, one_line
+from .link import Received, Reply, RunnerLink
+from .phases import Phases
+from .plan import ShapePlan, build_model, import_file, install_shapes_module, make_plan
+from .probe import probe_environment
+from .protocol import Arena, TensorRef
+from .timing import TimeStats, summarize, time_cpu, time_cuda
+
+#: Input sets for baseline timing are fixed so cached baselines stay comparable across runs.
+BASELINE_TIMING_SEEDS = (2026, 2027)
+#: Shapes faster than this are launch-bound: their CUDA-graph replay time is reported beside them.
+LAUNCH_BOUND_MS = 0.2
+
+
+def _check_state(before: dict[str, Any], reply: Reply, when: str) -> None:
+    after = reply.state(before)
+    changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+    if changed:
+        detail = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in sorted(changed.items()))
+        raise Failure("integrity_violation", f"torch global state changed {when}: {detail}")
+
+
+def _check_inputs(shared: list[torch.Tensor | None], pristine: list[Any], where: str) -> None:
+    """Stops in-place writes to inputs: the shared inputs after the call against private copies."""
+    for i, (now, then) in enumerate(zip(shared, pristine, strict=True)):
+        if now is not None and not torch.equal(now.to(then.device), then):
+            raise Failure("integrity_violation", f"{where}: the solution wrote into input {i}")
+
+
+def _judge(ref: torch.Tensor, got: Received, atol: float, rtol: float) -> Verdict:
+    """compare(), on an output the runner sent: its header judged first, then its values here."""
+    if got.tensor is None:  # not a tensor, or a shape or dtype that cannot stand for `ref`
+        return Verdict(False, got.problem or "no output")
+    if got.device != str(ref.device):
+        return Verdict(False, f"output device {got.device} != expected {ref.device}")
+    return compare(ref, got.tensor.to(ref.device), atol, rtol)
+
+
+def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int) -> list[list[torch.Tensor | None]]:
+    """Copy the shape's inputs into shared memory, have the runner build its Model; returns the
+    judge's views of each check's inputs (None for a non-tensor input)."""
+    arena = Arena({"init_args": plan.init_args, "state_dict": plan.state_dict,
+                   "checks": [c.inputs for c in plan.checks], "timing": plan.timing_sets})
+    try:
+        link.ask("shape", f"shape {plan.shape.idx}: building Model", fds=(arena.fd,), shape=k, seed=seed,
+                 arena_size=arena.size, values=arena.encoded)
+    finally:
+        arena.close_fd()
+    for check in plan.checks:
+        check.inputs = []  # the arena holds them now; the pristine copies stay
+    plan.timing_sets = []
+    return [[arena.view(r) if isinstance(r, TensorRef) else None for r in inputs]
+            for inputs in arena.encoded["checks"]]
+
+
+def _check_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, shared: list[list[Any]],
+                 state: dict[str, Any]) -> float:
+    """Every check of one shape; returns the worst normalised error ‖d‖/‖ref‖."""
+    worst = 0.0
+    for j, check in enumerate(plan.checks):
+        where = f"shape {plan.shape.idx} ({plan.shape.label}) {check.label}"
+        reply = link.ask("call", where, shape=k, check=j)
+        _check_state(state, reply, f"during {where}")
+        _check_inputs(shared[j], check.pristine, where)
+        atol, rtol = problem.tolerance_for(dtype_name(check.ref_out.dtype), check.stress)
+        verdict = _judge(check.ref_out, reply.outputs([check.ref_out])[0], atol, rtol)
+        if not verdict.ok:
+            raise Failure("wrong", f"{where}: {verdict.message}")
+        worst = max(worst, verdict.rel_err or 0.0)
+    return worst
+
+
+def _verify_timed(problem: Problem, plan: ShapePlan, outputs: list[Received], what: str) -> None:
+    for i, (ref_out, out) in enumerate(zip(plan.timing_refs, outputs, strict=False)):
+        atol, rtol = problem.tolerance_for(dtype_name(ref_out.dtype))
+        verdict = _judge(ref_out, out, atol, rtol)
+        if not verdict.ok:
+            raise Failure("wrong", f"shape {plan.shape.idx}: {what} on input set {i} returned a wrong output: "
+                                   f"{verdict.message}")
+
+
+def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, state: dict[str, Any],
+                device: str) -> tuple[TimeStats, dict[str, Any]]:
+    """Time one shape in the runner; statistics, output checks and (on a GPU) the audit rules
+    here. Returns the stats and the extra per-shape fields of the GPU audits."""
+    where = f"shape {plan.shape.idx}"
+    reply = link.ask("time", f"{where}: timing", shape=k)
+    stats = summarize(reply.samples("samples_ms", at_least=2), reply.number("wall_ms"))
+    _check_state(state, reply, f"while timing shape {plan.shape.idx}")
+    _verify_timed(problem, plan, reply.outputs(plan.timing_refs), "a timed call")
+    if device != "cuda":
+        return stats, {}
+    host_ms = statistics.median(link.ask("host_sync", f"{where}: host-timed calls", shape=k).samples("samples_ms"))
+    escaped = audit.escaped_work(host_ms, stats.median_ms)
+    if escaped:
+        raise Failure("integrity_violation", f"{where}: {escaped}")
+    kernels = link.ask("kernels", f"{where}: profiled call", shape=k).strings("kernels")
+    problems = audit.kernel_problems(problem, kernels)
+    if problems:
+        raise Failure("forbidden", f"{where}: {'; '.join(problems)}")
+    return stats, {"host_ms": host_ms, "kernels": kernels}
+
+
+def _graph_times(link: RunnerLink, problem: Problem, plans: list[ShapePlan], shapes: list[dict[str, Any]]) -> None:
+    """CUDA-graph replay times for launch-bound shapes, last, because a capture that fails can
+    leave the stream unusable; a failure only leaves `graph_ms` empty."""
+    for k, (plan, row) in enumerate(zip(plans, shapes, strict=True)):
+        if row["median_ms"] >= LAUNCH_BOUND_MS:
+            continue
+        reply = link.ask("graph", f"shape {plan.shape.idx}: CUDA-graph replay", shape=k, keep_error=True)
+        if reply.error is not None:  # not capturable: report, keep the latency as the measure
+            why = one_line(reply.error["type"], reply.error["text"], 200)
+            row["graph_note"] = f"not capturable in a CUDA graph: {why}"
+            print(f"[worker] shape {plan.shape.idx}: {row['graph_note']}", flush=True)
+            return
+        samples = reply.samples("samples_ms")
+        _verify_timed(problem, plan, reply.outputs(plan.timing_refs[:1]), "the CUDA-graph replay")
+        row["graph_ms"] = statistics.median(samples)
+
+
+def _job_problem(job: dict[str, Any]) -> Problem:
+    return load_problem(Path(job["problem_path"]))
+
+
+def grade(job: dict[str, Any], result: dict[str, Any], phases: Phases, link: RunnerLink) -> None:
+    """Grade one submission with the runner `link` drives, filling `result` as it goes (so a
+    failure keeps env and seeds)."""
+    device, base_seed = job["device"], int(job["base_seed"])
+    problem = _job_problem(job)
+    solution_dir = Path(job["solution_dir"])
+    shapes = problem.shapes_for(device)
+    seeds = [*problem.seeds, base_seed]
+    env = probe_environment(device)
+    result.update(env=env, seeds=seeds, shapes=[])
+    phases.enter("reference")
+    reference = import_file("reference", problem.reference_path)
+    install_shapes_module(shapes)
+    print(f"[worker] planning {len(shapes)} shapes × {len(seeds)} seeds on {env['device_name']}", flush=True)
+    plans = make_plan(problem, reference, shapes, seeds, (base_seed + 1, base_seed + 2), device)
+    hits = audit.forbidden_text_hits(problem, solution_dir)
+    if hits:
+        raise Failure("forbidden", f"forbidden op used: {'; '.join(hits)}")
+    state = link.ready()
+    phases.enter("build")
+    t0 = time.perf_counter()
+    imported = link.ask("import", "importing solution.py", importing=True)
+    result["import_seconds"] = time.perf_counter() - t0
+    _check_state(state, imported, "when solution.py was imported")
+    if device == "cuda":
+        result["l2"] = link.ask("gpu_setup", "resetting persisting L2", l2_bytes=env["l2_bytes"]).text("l2")
+    for k, plan in enumerate(plans):
+        phases.enter("correctness")
+        shared = _share(link, plan, k, seeds[0])
+        if device == "cuda":
+            torch.cuda.empty_cache()  # the inputs moved to the arena: give their memory back
+        if k == 0 and problem.forbidden_ops:
+            ops = link.ask("call", "dispatch-mode call", shape=k, check=0, log_ops=True).strings("ops")
+            _check_inputs(shared[0], plan.checks[0].pristine, "dispatch-mode call")
+            hits = audit.forbidden_ops(problem, ops)
+            if hits:
+                raise Failure("forbidden", f"forbidden aten ops ran: {', '.join(hits)}")
+        worst = _check_shape(link, problem, plan, k, shared, state)
+        print(f"[worker] shape {plan.shape.idx} correct (‖d‖/‖ref‖ ≤ {worst:.3g})", flush=True)
+        phases.enter("timing")
+        stats, audited = _time_shape(link, problem, plan, k, state, device)
+        print(f"[worker] shape {plan.shape.idx} median {stats.median_ms:.4f} ms × {stats.iterations}", flush=True)
+        result["shapes"].append({"idx": plan.shape.idx, **stats.row(), "wall_ms": stats.wall_ms,
+                                 "max_rel_err": worst, **audited})
+    if device == "cuda":
+        _graph_times(link, problem, plans, result["shapes"])
+    n_checks = sum(len(p.checks) for p in plans)
+    result.update(status="pass", message=f"correct on all {n_checks} checks ({len(plans)} shapes × "
+                                         f"{len(seeds)} seeds × {1 + len(problem.numeric_stress)} numeric "
+                                         f"cases + structural cases) and on every timed call")
+
+
+def _time(fn: Callable[..., Any], sets: list[list[Any]], device: str, env: dict[str, Any],
+          rep_ms: float | None) -> tuple[TimeStats, list[Any]]:
+    kwargs = {} if rep_ms is None else {"rep_ms": rep_ms}
+    if device == "cuda":
+        return time_cuda(fn, sets, l2_bytes=env["l2_bytes"], **kwargs)
+    return time_cpu(fn, sets, **kwargs)
+
+
+def baselines(job: dict[str, Any], result: dict[str, Any]) -> None:
+    """Time the reference itself, eager and through torch.compile, on every shape."""
+    device = job["device"]
+    problem = _job_problem(job)
+    shapes = problem.shapes_for(device)
+    env = probe_environment(device)
+    result.update(env=env, phase="reference")
+    reference = import_file("reference", problem.reference_path)
+    install_shapes_module(shapes)
+    rows = []
+    for shape in shapes:
+        plan = make_plan(problem, reference, (shape,), [int(job["base_seed"])], BASELINE_TIMING_SEEDS, device)[0]
+        plan.checks.clear()  # only the timing sets are needed here
+        torch.manual_seed(int(job["base_seed"]))
+        model = build_model(reference, plan.init_args, device)
+        for variant in job["variants"]:
+            row: dict[str, Any] = {"shape_idx": shape.idx, "variant": variant}
+            try:
+                stats, _ = _time(_variant_fn(model, variant), plan.timing_sets, device, env, job.get("rep_ms"))
+                row.update(status="ok", message="ok", **stats.row())
+                print(f"[baseline] shape {shape.idx} {variant}: {stats.median_ms:.4f} ms", flush=True)
+            except Exception as exc:  # a baseline that cannot run is recorded, not fatal
+                row.update(status="error", message=one_line(type(exc).__name__, str(exc)))
+                print(f"[baseline] shape {shape.idx} {variant}: {row['message']}", flush=True)
+            rows.append(row)
+        del model, plan
+    result.update(status="ok", message="ok", baselines=rows)
+
+
+def _variant_fn(model: torch.nn.Module, variant: str) -> Callable[..., Any]:
+    if variant == "eager":
+        return model
+    if variant.startswith("compile:"):
+        torch._dynamo.reset()
+        return torch.compile(model, mode=variant.split(":", 1)[1])
+    raise ValueError(f"unknown baseline variant {variant!r}")

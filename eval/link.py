@@ -1,0 +1,218 @@
+"""The judge's end of the runner: start it, ask it one thing at a time under a deadline, read its
+answers without believing them, kill it. Every way a runner can misbehave becomes a `Failure`:
+
+- it crashes (a segfault, a sticky CUDA error that kills it) or leaves (`os._exit`, a closed
+  socket): runtime_error naming the signal or exit code — a result file it forged on the way out
+  is overwritten, since the judge writes the result last;
+- it does not answer before the phase's deadline: timeout, with the message the scheduler would
+  have written, and its whole process group killed;
+- it answers something malformed (not JSON, a field of the wrong type, a tensor whose bytes do not
+  match its header): runtime_error, the runner "broke the protocol";
+- candidate code raised: the status `failure.status_of` picks from the reported type and text.
+
+Outputs are read into private CPU tensors (a copy, owned by the judge before anything looks at
+it); an output that is not a plain tensor, or whose shape or dtype cannot stand for the
+reference, is judged from its header without reading its bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import socket
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+from typing import Any, Protocol, TypeVar
+
+import torch
+
+from .correctness import check_type
+from .failure import Failure, one_line, status_of
+from .probe import torch_global_state
+from .protocol import Channel, Deadline, ProtocolError, RunnerGone, decode_tensor, tensor_meta
+
+T = TypeVar("T")
+_MAX_LIST = 1_000_000
+_MAX_TEXT = 4096
+
+
+class Clock(Protocol):
+    """What the link needs from the judge's phase tracker."""
+
+    phase: str | None
+
+    def deadline(self) -> tuple[float | None, str]:
+        """(time.monotonic() deadline or None, the timeout message)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Received:
+    """One output as the judge read it: a private CPU tensor and the device the runner says it
+    was on, or — `tensor` None — why it cannot stand for the reference."""
+
+    tensor: torch.Tensor | None
+    device: str
+    problem: str | None
+
+
+class Reply:
+    """A runner's answer to one request: its header fields, checked as they are read."""
+
+    def __init__(self, link: RunnerLink, header: dict[str, Any], what: str) -> None:
+        self.link, self.header, self.what = link, header, what
+        self.error: dict[str, Any] | None = None
+
+    def _bad(self, detail: str) -> Failure:
+        self.link.close()
+        return Failure("runtime_error", f"{self.what}: the runner broke the protocol: {detail}")
+
+    def samples(self, key: str, at_least: int = 1) -> list[float]:
+        v = self.header.get(key)
+        if not (isinstance(v, list) and at_least <= len(v) <= _MAX_LIST
+                and all(type(x) in (int, float) and math.isfinite(x) and x >= 0 for x in v)):
+            raise self._bad(f"{key!r} is not a list of at least {at_least} finite times ≥ 0")
+        return [float(x) for x in v]
+
+    def number(self, key: str) -> float:
+        v = self.header.get(key)
+        if type(v) not in (int, float) or not math.isfinite(v) or v < 0:
+            raise self._bad(f"{key!r} is not a finite number ≥ 0")
+        return float(v)
+
+    def text(self, key: str) -> str:
+        v = self.header.get(key)
+        if not isinstance(v, str) or len(v) > _MAX_TEXT:
+            raise self._bad(f"{key!r} is not a short string")
+        return v
+
+    def strings(self, key: str) -> list[str]:
+        v = self.header.get(key)
+        if not (isinstance(v, list) and len(v) <= _MAX_LIST
+                and all(isinstance(x, str) and len(x) <= _MAX_TEXT for x in v)):
+            raise self._bad(f"{key!r} is not a list of short strings")
+        return v
+
+    def state(self, like: dict[str, Any]) -> dict[str, Any]:
+        """Torch's global switches as reported, with exactly the keys of `like`."""
+        v = self.header.get("state")
+        if not (isinstance(v, dict) and set(v) == set(like)
+                and all(isinstance(x, bool | int | float | str) and len(str(x)) <= 200 for x in v.values())):
+            raise self._bad("'state' does not list torch's global switches")
+        return v
+
+    def outputs(self, refs: list[torch.Tensor]) -> list[Received]:
+        """The reply's outputs, one per reference, in order."""
+        entries = self.header.get("outputs")
+        if not (isinstance(entries, list) and len(entries) == len(refs)):
+            raise self._bad(f"'outputs' is not a list of {len(refs)} entries")
+        return [self.link._read_output(self, entry, ref) for entry, ref in zip(entries, refs, strict=True)]
+
+
+class RunnerLink:
+    """The runner process (worker.start_runner) and the judge's socket to it. `close()` kills the
+    runner's process group, whatever happened."""
+
+    def __init__(self, proc: BaseProcess, sock: socket.socket, clock: Clock) -> None:
+        self.proc, self.chan, self.clock = proc, Channel(sock), clock
+        self._closed = False
+        self._pending: deque[int] = deque()  # sizes of tensor frames announced but not read yet
+
+    def close(self) -> None:
+        """Kill the runner's process group (it and everything it started) and reap it."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self.chan.close()
+        if self.proc.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)  # no such group yet: it had not detached
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            self.proc.join(timeout=10)
+
+    def _gone(self) -> str:
+        self.proc.join(timeout=5)
+        code, phase = self.proc.exitcode, self.clock.phase
+        self.close()
+        if code is None:
+            return f"the runner closed its connection (in phase '{phase}')"
+        if code < 0:
+            name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+            return f"the runner died from {name} (in phase '{phase}')"
+        return (f"the runner exited with code {code} (in phase '{phase}') without answering: "
+                f"a hard exit in candidate code?")
+
+    def _talk(self, what: str, fn: Callable[[float | None], T], gone_status: str = "runtime_error") -> T:
+        deadline, late = self.clock.deadline()
+        try:
+            return fn(deadline)
+        except Deadline:
+            self.close()
+            raise Failure("timeout", late) from None
+        except RunnerGone:
+            raise Failure(gone_status, self._gone()) from None
+        except ProtocolError as exc:
+            self.close()
+            raise Failure("runtime_error", f"{what}: the runner broke the protocol: {exc}") from None
+
+    def _header(self, what: str, deadline: float | None) -> dict[str, Any]:
+        header = self.chan.recv_header(deadline)
+        ok = header.get("ok")
+        if ok is True:
+            for entry in header.get("outputs") or []:
+                if isinstance(entry, dict) and entry.get("kind") == "tensor":
+                    self._pending.append(tensor_meta(entry)[3])
+                elif not (isinstance(entry, dict) and entry.get("kind") == "other"
+                          and isinstance(entry.get("type"), str) and len(entry["type"]) <= _MAX_TEXT):
+                    raise ProtocolError("an output entry that is neither a tensor nor a described other value")
+            return header
+        error = header.get("error")
+        if ok is not False or not (isinstance(error, dict) and isinstance(error.get("type"), str)
+                                   and isinstance(error.get("text"), str) and isinstance(error.get("oom"), bool)):
+            raise ProtocolError("a reply that is neither ok nor a reported error")
+        return header
+
+    def ready(self) -> dict[str, Any]:
+        """Wait for the runner's hello; returns torch's global switches as they were before any
+        candidate code ran. A runner that cannot start is the grader's problem: not_graded."""
+        header = self._talk("starting the runner", lambda d: self._header("starting the runner", d), "not_graded")
+        reply = Reply(self, header, "starting the runner")
+        if header["ok"] is not True:
+            err = header["error"]
+            raise Failure("not_graded", f"the runner could not start: {one_line(err['type'], err['text'])}")
+        return reply.state(torch_global_state())
+
+    def ask(self, op: str, what: str, *, fds: tuple[int, ...] = (), importing: bool = False,
+            keep_error: bool = False, **fields: Any) -> Reply:
+        """Send one request and read the header of its reply. A reported error raises a Failure
+        (`what: Type: text`) unless `keep_error`, which leaves it in `Reply.error`."""
+        def exchange(deadline: float | None) -> dict[str, Any]:
+            while self._pending:  # tensor frames of an earlier reply that nobody read
+                self.chan.skip_blob(self._pending.popleft(), deadline)
+            self.chan.send_request({"op": op, **fields}, fds, deadline)
+            return self._header(what, deadline)
+
+        reply = Reply(self, self._talk(what, exchange), what)
+        if reply.header["ok"] is not True:
+            err = reply.header["error"]
+            if not keep_error:
+                raise Failure(status_of(err, importing), f"{what}: {one_line(err['type'], err['text'])}")
+            reply.error = err
+        return reply
+
+    def _read_output(self, reply: Reply, entry: dict[str, Any], ref: torch.Tensor) -> Received:
+        if entry["kind"] == "other":
+            return Received(None, "", f"output must be a plain torch.Tensor, got {entry['type']}")
+        shape, dtype, device, nbytes = tensor_meta(entry)
+        self._pending.popleft()
+        if shape != tuple(ref.shape) or dtype != ref.dtype:
+            self._talk(reply.what, lambda d: self.chan.skip_blob(nbytes, d))
+            return Received(None, device, check_type(ref, torch.empty(shape, dtype=dtype, device="meta")))
+        blob = self._talk(reply.what, lambda d: self.chan.recv_blob(nbytes, d))
+        return Received(decode_tensor(blob, shape, dtype), device, None)

@@ -1,0 +1,235 @@
+"""The runner: the one process that imports and runs candidate code (untrusted side).
+
+The worker starts it with multiprocessing's spawn context and the judge asks it one
+thing at a time over a socket (protocol.py): import solution.py, build a shape's Model, make a
+call, time the calls, collect an audit's raw data. It answers with raw data only — outputs as
+bytes, per-call samples, op and kernel names, torch's global switches — and never sees a
+reference output. Whatever a candidate does to this interpreter (patch the grader's functions,
+rewrite objects in memory, raise SystemExit, `os._exit`) it does to this process alone; the
+judge checks outputs, recomputes statistics and applies the rules on its side.
+
+What a runner (a candidate that takes it over) can still lie about, because only this process
+sees it: every time it reports (samples, host-synchronised samples, graph replays), which ops and
+kernels ran, torch's global switches (the state check is a tripwire for honest mistakes), the
+device an output lived on, and whether an output was a plain tensor when it was timed. It cannot
+make a wrong output pass, read the references, or write the verdict.
+
+Its process group is its own, so the judge kills it with everything it started, and it dies with
+the judge (PR_SET_PDEATHSIG). Its stdout and stderr are the judge's: the same log.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from . import audit
+from .deck import load_problem
+from .plan import apply_shape, build_model, import_file, install_shapes_module
+from .probe import torch_global_state
+from .protocol import Channel, TensorRef, encode_output, map_arena, resolve, view_of
+from .timing import time_cpu, time_cuda
+
+_PR_SET_PDEATHSIG = 1
+
+
+class _Shared(NamedTuple):
+    """An input in the judge's arena, and the strides the call must see it with."""
+
+    view: torch.Tensor
+    stride: tuple[int, ...] | None
+
+
+def _place(value: Any, device: str) -> tuple[Any, torch.Tensor | None]:
+    """A call's argument: the shared view itself where it can be (CPU, contiguous), else a private
+    copy with the input's device and strides. Returns (argument, view to write back to or None)."""
+    if not isinstance(value, _Shared):
+        return value, None
+    if device == "cpu" and value.stride is None:
+        return value.view, None
+    try:
+        live = torch.empty_strided(value.view.shape, value.stride or value.view.stride(),
+                                   dtype=value.view.dtype, device=device)
+        live.copy_(value.view)
+    except RuntimeError:  # overlapping strides: contiguous it is
+        live = value.view.to(device, copy=True)
+    return live, value.view
+
+
+class _Shape:
+    def __init__(self, model: torch.nn.Module, checks: list[list[Any]], timing: list[list[Any]]) -> None:
+        self.model, self.checks, self.timing = model, checks, timing
+
+
+def report(exc: BaseException) -> dict[str, Any]:
+    """An exception as the judge reads it: data, not an object."""
+    return {"type": type(exc).__name__, "text": str(exc)[:4000], "oom": isinstance(exc, torch.OutOfMemoryError)}
+
+
+class _Runner:
+    def __init__(self, setup: dict[str, Any]) -> None:
+        self.setup = setup
+        self.device: str = setup["device"]
+        self.problem = load_problem(Path(setup["problem_path"]))
+        self.shapes = self.problem.shapes_for(self.device)
+        self.reference = import_file("reference", self.problem.reference_path)  # solutions import it
+        install_shapes_module(self.shapes)
+        self.solution: Any = None
+        self.loaded: dict[int, _Shape] = {}
+        self.flush: torch.Tensor | None = None
+        self.l2_bytes = 0
+        if self.device == "cuda":
+            torch.cuda.init()
+
+    def handle(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
+        op = request["op"]
+        handler: Callable[..., tuple[dict[str, Any], list[memoryview]]] = getattr(self, f"_op_{op}")
+        return handler(request, fds)
+
+    def _sync(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def _op_import(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
+        folder = Path(self.setup["solution_dir"])
+        sys.argv = [str(folder / "solution.py")]  # the spawn bootstrap copied the judge's, job path included
+        sys.path.insert(0, str(folder))
+        self.solution = import_file("solution", folder / "solution.py")
+        return {"state": torch_global_state()}, []
+
+    def _op_gpu_setup(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
+        l2 = audit.reset_persisting_l2()
+        self.l2_bytes = int(request["l2_bytes"])
+        self.flush = torch.empty(2 * self.l2_bytes // 4, dtype=torch.int32, device="cuda")
+        return {"l2": l2}, []
+
+    def _op_shape(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
+        for earlier in self.loaded.values():
+            earlier.checks = []  # done with: let their shared memory go
+        base = map_arena(fds[0], request["arena_size"])
+        for extra in fds[1:]:
+            os.close(extra)
+        values = request["values"]
+        apply_shape(self.reference, self.problem, self.shapes[request["shape"]])
+        if self.problem.weight_transfer == "seed":
+            torch.manual_seed(request["seed"])
+        model = build_model(self.solution, resolve(values["init_args"], base), self.device,
+                            self.problem.solution_class)
+        if self.problem.weight_transfer == "state_dict":
+            model.load_state_dict(resolve(values["state_dict"], base), strict=True)
+
+        def shared(v: Any) -> Any:
+            return _Shared(view_of(base, v), v.stride) if isinstance(v, TensorRef) else v
+
+        checks = [[shared(v) for v in inputs] for inputs in values["checks"]]
+        timing = [[_place(shared(v), self.device)[0] for v in inputs] for inputs in values["timing"]]
+        self.loaded[request["shape"]] = _Shape(model, checks, timing)
+        return {}, []
+
+    def _op_call(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
+        shape = self.loaded[request["shape"]]
+        placed = [_place(v, self.device) for v in shape.checks[request["check"]]]
+        args = [arg for arg, _ in placed]
+        header: dict[str, Any]
+        if request.get("log_ops"):
+            header, out = {"ops": audit.op_log(shape.model, args)}, None
+        else:
+            with torch.no_grad():
+                out = shape.model(*args)
+            header = {}
+        self._sync()
+        for arg, view in placed:
+            if view is not None:
+                view.copy_(arg)  # what the call did to its inputs, for the judge to see
+        if request.get("log_ops"):
+            return header, []
+        meta, blob = encode_output(out)
+        header.update(state=torch_global_state(), outputs=[meta])
+        return header, [blob] if blob is not None else []
+
+    def _op_time(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
+        shape = self.loaded[request["shape"]]
+        kwargs = {} if self.setup["rep_ms"] is None else {"rep_ms": self.setup["rep_ms"]}
+        if self.device == "cuda":
+            stats, last = time_cuda(shape.model, shape.timing, l2_bytes=self.l2_bytes, **kwargs)
+        else:
+            stats, last = time_cpu(shape.model, shape.timing, **kwargs)
+        self._sync()
+        encoded = [encode_output(out) for out in last]
+        header = {"samples_ms": list(stats.samples_ms), "wall_ms": stats.wall_ms, "state": torch_global_state(),
+                  "outputs": [meta for meta, _ in encoded]}
+        return header, [blob for _, blob in encoded if blob is not None]
+
+    def _op_host_sync(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
+        shape = self.loaded[request["shape"]]
+        assert self.flush is not None
+        return {"samples_ms": audit.host_synced_samples_ms(shape.model, shape.timing, self.flush)}, []
+
+    def _op_kernels(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
+        shape = self.loaded[request["shape"]]
+        return {"kernels": audit.timed_kernels(shape.model, shape.timing[0])}, []
+
+    def _op_graph(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
+        shape = self.loaded[request["shape"]]
+        assert self.flush is not None
+        samples, out = audit.graph_replay_samples_ms(shape.model, shape.timing[0], self.flush)
+        self._sync()
+        meta, blob = encode_output(out)
+        return {"samples_ms": samples, "outputs": [meta]}, [blob] if blob is not None else []
+
+
+def _detach(judge_pid: int) -> None:
+    """Own process group (the judge kills it whole); die with the judge."""
+    os.setpgid(0, 0)
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != judge_pid:  # the judge died before the line above took effect
+        os._exit(1)
+
+
+def _send(chan: Channel, header: dict[str, Any], blobs: list[memoryview]) -> bool:
+    """Send a reply; an unencodable one (a NaN sample, say) becomes an error reply. False when the
+    judge has gone."""
+    try:
+        chan.send_reply(header, blobs)
+    except ValueError as exc:
+        chan.send_reply({"ok": False, "error": report(exc)}, [])
+    except OSError:
+        return False
+    return True
+
+
+def serve(sock: socket.socket, setup: dict[str, Any]) -> None:
+    """The runner's main loop: a hello with torch's global switches (before any candidate code
+    runs), then one reply per request until the judge closes the socket."""
+    _detach(setup["judge_pid"])
+    chan = Channel(sock)
+    try:
+        runner = _Runner(setup)
+    except BaseException as exc:
+        traceback.print_exc()
+        _send(chan, {"ok": False, "error": report(exc)}, [])
+        return
+    if not _send(chan, {"ok": True, "state": torch_global_state()}, []):
+        return
+    while (got := chan.recv_request()) is not None:
+        request, fds = got
+        try:
+            header, blobs = runner.handle(request, fds)
+            header["ok"] = True
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt included: candidate code raised them
+            print(f"[runner] request {request.get('op')!r} failed:", flush=True)
+            traceback.print_exc()
+            header, blobs = {"ok": False, "error": report(exc)}, []
+        if not _send(chan, header, blobs):
+            return

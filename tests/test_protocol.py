@@ -1,0 +1,248 @@
+"""The judge–runner wire (protocol.py), the judge's reading of it (link.py) and its deadlines
+(phases.py), on the CPU. The test plays a misbehaving runner on the far end of a socket pair;
+each test is named after what the judge must not be fooled by."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+
+from kernelboard.eval import runner
+from kernelboard.eval.failure import Failure
+from kernelboard.eval.link import RunnerLink
+from kernelboard.eval.phases import DEADLINE_MARGIN_S, Phases
+from kernelboard.eval.protocol import Arena, Channel, TensorRef, decode_tensor, encode_output, map_arena, tensor_meta
+
+BUDGET_MESSAGE = "phase 'correctness' ran past its 9 s budget"
+
+
+class _Clock:
+    phase = "correctness"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def deadline(self) -> tuple[float, str]:
+        return time.monotonic() + self.seconds, BUDGET_MESSAGE
+
+
+class _Exited:
+    """Stands for a runner process that has already exited with `exitcode`."""
+
+    pid = None
+
+    def __init__(self, exitcode: int) -> None:
+        self.exitcode = exitcode
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+    def kill(self) -> None:
+        pass
+
+
+@pytest.fixture
+def pair() -> Iterator[Callable[..., tuple[RunnerLink, socket.socket]]]:
+    """Makes (the judge's link, the runner's end of its socket); closes both afterwards."""
+    made: list[tuple[RunnerLink, socket.socket]] = []
+
+    def make(exitcode: int = 0, seconds: float = 5.0) -> tuple[RunnerLink, socket.socket]:
+        judge_end, runner_end = socket.socketpair()
+        made.append((RunnerLink(_Exited(exitcode), judge_end, _Clock(seconds)), runner_end))  # type: ignore[arg-type]
+        return made[-1]
+
+    yield make
+    for link, runner_end in made:
+        link.close()
+        runner_end.close()
+
+
+def _frame(payload: bytes) -> bytes:
+    return struct.pack("<Q", len(payload)) + payload
+
+
+def _fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+# ------------------------------------------------------------------------------ shared inputs
+
+
+def test_inputs_are_shared_copies_and_a_reused_tensor_is_stored_once() -> None:
+    x = torch.arange(6, dtype=torch.float32)
+    arena = Arena({"checks": [[x, 3], [x]]})
+    first, second = arena.encoded["checks"][0][0], arena.encoded["checks"][1][0]
+    assert isinstance(first, TensorRef) and first == second and arena.encoded["checks"][0][1] == 3
+    theirs = map_arena(os.dup(arena.fd), arena.size)  # what the runner maps
+    arena.close_fd()
+    runner_view = theirs[first.offset:first.offset + first.nbytes].view(torch.float32)
+    runner_view[0] = 100.0
+    assert arena.view(first)[0] == 100.0  # the judge sees the runner's write
+    assert x[0] == 0.0  # its own tensor is untouched
+
+
+def test_a_strided_input_reaches_the_call_with_its_strides() -> None:
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4).t()
+    arena = Arena([x])
+    ref = arena.encoded[0]
+    live, back = runner._place(runner._Shared(arena.view(ref), ref.stride), "cpu")
+    assert back is not None and live.stride() == x.stride() and torch.equal(live, x)
+    arena.close_fd()
+    contiguous = Arena([torch.ones(3)])
+    contiguous.close_fd()
+    ref = contiguous.encoded[0]
+    same, none = runner._place(runner._Shared(contiguous.view(ref), ref.stride), "cpu")
+    assert none is None and same.data_ptr() == contiguous.view(ref).data_ptr()  # shared, not copied
+
+
+# ------------------------------------------------------------------------------ outputs
+
+
+def test_outputs_travel_as_bytes_and_arrive_as_private_tensors() -> None:
+    out = torch.randn(3, 5).to(torch.bfloat16)
+    meta, blob = encode_output(out)
+    shape, dtype, device, nbytes = tensor_meta(meta)
+    assert blob is not None and (shape, dtype, device, nbytes) == ((3, 5), torch.bfloat16, "cpu", 30)
+    assert torch.equal(decode_tensor(bytearray(blob), shape, dtype), out)
+
+
+def test_a_non_tensor_or_a_subclass_is_described_not_sent() -> None:
+    class Lazy(torch.Tensor):
+        pass
+
+    assert encode_output([1.0]) == ({"kind": "other", "type": "builtins.list"}, None)
+    meta, blob = encode_output(torch.zeros(2).as_subclass(Lazy))
+    assert meta["kind"] == "other" and "Lazy" in meta["type"] and blob is None
+
+
+# ------------------------------------------------------------------------------ the judge's reading
+
+
+def test_garbage_is_a_protocol_failure(pair) -> None:
+    link, theirs = pair()
+    theirs.sendall(_frame(b"not json"))
+    with pytest.raises(Failure) as info:
+        link.ask("call", "shape 0 check 0")
+    assert info.value.status == "runtime_error" and "broke the protocol" in info.value.message
+
+
+@pytest.mark.parametrize("payload", [b'{"ok": true, "samples_ms": [NaN, 1.0]}', b"[1, 2]", b'{"ok": "yes"}'])
+def test_non_finite_numbers_and_odd_headers_are_refused(pair, payload: bytes) -> None:
+    link, theirs = pair()
+    theirs.sendall(_frame(payload))
+    with pytest.raises(Failure, match="broke the protocol"):
+        link.ask("time", "shape 0: timing")
+
+
+def test_an_oversized_header_is_refused_before_it_is_read(pair) -> None:
+    link, theirs = pair()
+    theirs.sendall(struct.pack("<Q", 1 << 40))
+    with pytest.raises(Failure, match="a reply header of 1099511627776 bytes"):
+        link.ask("call", "shape 0 check 0")
+
+
+def test_samples_that_are_not_times_are_refused(pair) -> None:
+    link, theirs = pair()
+    Channel(theirs).send_reply({"ok": True, "samples_ms": [1.0, "fast"], "wall_ms": 1.0}, [])
+    reply = link.ask("time", "shape 0: timing")
+    with pytest.raises(Failure, match="'samples_ms' is not a list"):
+        reply.samples("samples_ms", at_least=2)
+
+
+def test_silence_is_a_timeout_with_the_parents_message(pair) -> None:
+    link, _theirs = pair(seconds=0.2)
+    start = time.monotonic()
+    with pytest.raises(Failure) as info:
+        link.ask("call", "shape 0 check 0")
+    assert (info.value.status, info.value.message) == ("timeout", BUDGET_MESSAGE)
+    assert time.monotonic() - start < 2
+
+
+def test_a_dead_runner_is_named_by_its_signal(pair) -> None:
+    link, theirs = pair(exitcode=-11)
+    theirs.close()
+    with pytest.raises(Failure) as info:
+        link.ask("import", "importing solution.py", importing=True)
+    assert info.value.status == "runtime_error" and "died from SIGSEGV (in phase 'correctness')" in info.value.message
+
+
+def test_a_hard_exit_is_named_by_its_code(pair) -> None:
+    link, theirs = pair(exitcode=0)
+    theirs.close()
+    with pytest.raises(Failure, match="exited with code 0"):
+        link.ask("import", "importing solution.py", importing=True)
+
+
+def test_tensor_bytes_must_be_what_the_header_announced(pair) -> None:
+    link, theirs = pair()
+    meta = {"kind": "tensor", "shape": [2], "dtype": "float32", "device": "cpu", "nbytes": 8}
+    theirs.sendall(_frame(b'{"ok": true, "state": {}, "outputs": [' + str(meta).replace("'", '"').encode() + b"]}")
+                   + _frame(b"1234"))
+    reply = link.ask("call", "shape 0 check 0")
+    with pytest.raises(Failure, match="a tensor frame of 4 bytes where its header announced 8"):
+        reply.outputs([torch.zeros(2)])
+
+
+def test_a_header_whose_size_does_not_fit_its_shape_is_refused(pair) -> None:
+    link, theirs = pair()
+    Channel(theirs).send_reply({"ok": True, "outputs": [
+        {"kind": "tensor", "shape": [1 << 40], "dtype": "float32", "device": "cpu", "nbytes": 4}]}, [])
+    with pytest.raises(Failure, match="shape and dtype make"):
+        link.ask("call", "shape 0 check 0")
+
+
+def test_a_wrong_dtype_is_judged_from_the_header_and_the_next_reply_still_reads(pair) -> None:
+    link, theirs = pair()
+    chan = Channel(theirs)
+    meta, blob = encode_output(torch.ones(4, dtype=torch.float32))
+    chan.send_reply({"ok": True, "outputs": [meta]}, [blob])
+    got = link.ask("call", "check 0").outputs([torch.ones(4, dtype=torch.bfloat16)])[0]
+    assert got.tensor is None and "output dtype float32 != expected bfloat16" in (got.problem or "")
+    chan.send_reply({"ok": True, "outputs": [meta]}, [blob])
+    chan.send_reply({"ok": True, "l2": "reset"}, [])
+    link.ask("call", "check 1")  # its tensor frame is never read: the next request drains it
+    assert link.ask("gpu_setup", "resetting persisting L2").text("l2") == "reset"
+
+
+def test_a_reported_error_becomes_its_status(pair) -> None:
+    link, theirs = pair()
+    Channel(theirs).send_reply({"ok": False, "error": {"type": "OutOfMemoryError", "text": "CUDA out of memory.\n…",
+                                                       "oom": True}}, [])
+    with pytest.raises(Failure) as info:
+        link.ask("call", "shape 1 check 3")
+    assert (info.value.status, info.value.message) == ("oom", "shape 1 check 3: OutOfMemoryError: CUDA out of memory.")
+
+
+def test_file_descriptors_sent_to_the_judge_are_dropped(pair) -> None:
+    link, theirs = pair()
+    payload = b'{"ok": true, "l2": "x"}'
+    before = _fd_count()
+    with tempfile.TemporaryFile() as fh:
+        socket.send_fds(theirs, [struct.pack("<Q", len(payload))], [fh.fileno()])
+        theirs.sendall(payload)
+        assert link.ask("gpu_setup", "resetting persisting L2").text("l2") == "x"
+    assert _fd_count() == before
+
+
+# ------------------------------------------------------------------------------ deadlines
+
+
+def test_the_judge_keeps_the_parents_budgets_one_margin_early() -> None:
+    job = {"phase_timeouts_s": {"build": 10.0}, "timeout_s": 30.0, "started_unix": time.time()}
+    phases = Phases(job, {})
+    phases.enter("reference")
+    at, message = phases.deadline()
+    assert message == "killed after 30 s (in phase 'reference')"
+    assert at == pytest.approx(time.monotonic() + 30.0 - DEADLINE_MARGIN_S, abs=0.5)
+    phases.enter("build")
+    at, message = phases.deadline()
+    assert message == "phase 'build' ran past its 10 s budget"
+    assert at == pytest.approx(time.monotonic() + 10.0 - DEADLINE_MARGIN_S, abs=0.5)
+    assert Phases({}, {}).deadline() == (None, "")
