@@ -107,6 +107,7 @@ class Problem:
     forbidden_ops: tuple[str, ...] = ()  # substrings of aten op names refused at run time
     forbidden_kernels: tuple[str, ...] = ()  # regexes of CUDA kernel names refused in the timed call
     require_own_kernel: bool = False  # the timed call must launch a kernel no library ships
+    library: dict[str, str] = field(default_factory=dict)  # library line name -> reference.py function
     solution_class: str = "Model"  # ScalingIntelligence KernelBench candidates define ModelNew
     weight_transfer: str = "state_dict"  # or "seed": both models built after the same manual_seed
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -259,6 +260,7 @@ def load_native_problem(folder: Path) -> Problem:
         forbidden_ops=tuple(str(x) for x in f.get("forbidden_ops", list, [])),
         forbidden_kernels=tuple(str(x) for x in f.get("forbidden_kernels", list, [])),
         require_own_kernel=f.get("require_own_kernel", bool, False),
+        library={str(k): str(v) for k, v in f.get("library", dict, {}).items()},
         solution_class=f.get("solution_class", str, "Model"),
         weight_transfer=_choice(f, "weight_transfer", ("state_dict", "seed"), "state_dict"),
         raw=data,

@@ -23,6 +23,7 @@ lie about is listed in runner.py. `baselines()` times the reference itself (trus
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -219,7 +220,8 @@ def _time(fn: Callable[..., Any], sets: list[list[Any]], device: str, env: dict[
 
 
 def baselines(job: dict[str, Any], result: dict[str, Any]) -> None:
-    """Time the reference itself, eager and through torch.compile, on every shape."""
+    """Time the reference itself — eager, through torch.compile, and each library line the problem
+    names (a function of reference.py taking the model and the inputs) — on every shape."""
     device = job["device"]
     problem = _job_problem(job)
     shapes = problem.shapes_for(device)
@@ -236,7 +238,8 @@ def baselines(job: dict[str, Any], result: dict[str, Any]) -> None:
         for variant in job["variants"]:
             row: dict[str, Any] = {"shape_idx": shape.idx, "variant": variant}
             try:
-                stats, _ = _time(_variant_fn(model, variant), plan.timing_sets, device, env, job.get("rep_ms"))
+                fn = _variant_fn(model, variant, problem, reference)
+                stats, _ = _time(fn, plan.timing_sets, device, env, job.get("rep_ms"))
                 row.update(status="ok", message="ok", **stats.row())
                 print(f"[baseline] shape {shape.idx} {variant}: {stats.median_ms:.4f} ms", flush=True)
             except Exception as exc:  # a baseline that cannot run is recorded, not fatal
@@ -247,9 +250,11 @@ def baselines(job: dict[str, Any], result: dict[str, Any]) -> None:
     result.update(status="ok", message="ok", baselines=rows)
 
 
-def _variant_fn(model: torch.nn.Module, variant: str) -> Callable[..., Any]:
+def _variant_fn(model: torch.nn.Module, variant: str, problem: Problem, reference: Any) -> Callable[..., Any]:
     if variant == "eager":
         return model
+    if variant.startswith("library:"):
+        return functools.partial(getattr(reference, problem.library[variant.split(":", 1)[1]]), model)
     if variant.startswith("compile:"):
         torch._dynamo.reset()
         return torch.compile(model, mode=variant.split(":", 1)[1])

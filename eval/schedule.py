@@ -92,7 +92,7 @@ def ensure_baselines(opts: EvalOptions, gpu: str, problem: Problem, env: dict[st
                      scratch: Path) -> dict[int, dict[str, Any]]:
     """Eager and torch.compile times for every shape, measured once per device and software."""
     shapes = problem.shapes_for(opts.device)
-    variants = BASELINE_VARIANTS[opts.device]
+    variants = (*BASELINE_VARIANTS[opts.device], *(f"library:{name}" for name in problem.library))
     cached = {} if opts.regrade else _cached_baselines(opts.out, gpu, problem, env)
     if all(v in cached.get(s.idx, {}) for s in shapes for v in variants):
         return cached

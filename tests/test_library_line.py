@@ -1,0 +1,22 @@
+"""Library lines: baselines beside eager and torch.compile, recorded per shape, never the headline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from grading import REEXPORT, grade
+
+from kernelboard.eval.tables import read_table, table_path
+
+
+def test_library_lines_are_timed_or_their_error_recorded(tmp_path: Path) -> None:
+    rows = grade(tmp_path, ("01_fp8_gemm", "05_topk_bitonic"),
+                 {"fp8": ("01_fp8_gemm", REEXPORT), "topk": ("05_topk_bitonic", REEXPORT)})
+    baselines = read_table(table_path(tmp_path / "out", "cpu", "baselines"), "baselines").to_pylist()
+    by_variant = {(b["problem"], b["variant"]): b for b in baselines if b["shape_idx"] == 0}
+    topk = by_variant[("05_topk_bitonic", "library:torch.topk")]
+    assert topk["status"] == "ok" and topk["median_ms"] > 0
+    scaled = by_variant[("01_fp8_gemm", "library:torch._scaled_mm")]
+    assert scaled["status"] in ("ok", "error") and scaled["message"]  # CPU fp8 GEMM may be unsupported
+    assert rows["fp8"]["status"] == "pass"
+    assert rows["fp8"]["compile_variant"] in ("compile:default",)  # the headline stays torch.compile
