@@ -129,15 +129,15 @@ def _timer(device: str) -> str:
 # ------------------------------------------------------------------------------ grading
 
 
-def _already_graded(opts: EvalOptions, gpu: str, sub: Submission) -> bool:
+def _graded_solutions(opts: EvalOptions, gpu: str) -> dict[str, str | None]:
+    """run_id -> solution hash of every run already graded on this GPU by this grader version
+    (read once per batch, for --resume)."""
     results, runs = table_path(opts.out, gpu, "results"), table_path(opts.out, gpu, "runs")
     if not (results.exists() and runs.exists()):
-        return False
+        return {}
     sha = {r["run_id"]: r["solution_sha256"] for r in read_table(runs, "runs").to_pylist()}
-    for row in read_table(results, "results").to_pylist():
-        if row["run_id"] == sub.run_id and row["grader_version"] == GRADER_VERSION:
-            return sha.get(sub.run_id) == sub.solution_sha256()
-    return False
+    return {row["run_id"]: sha.get(row["run_id"]) for row in read_table(results, "results").to_pylist()
+            if row["grader_version"] == GRADER_VERSION}
 
 
 def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem: Problem | None,
@@ -245,9 +245,10 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
     ) as progress:
         scratch = Path(tmp)
         task = progress.add_task("grading", total=len(subs))
+        graded = _graded_solutions(opts, gpu) if opts.resume and not opts.regrade else {}
         queue = []
         for sub in subs:
-            if opts.resume and not opts.regrade and _already_graded(opts, gpu, sub):
+            if sub.run_id in graded and graded[sub.run_id] == sub.solution_sha256():
                 progress.console.print(f"  {sub.run_id}: already graded, skipped (--resume)")
                 progress.advance(task)
             else:

@@ -17,6 +17,9 @@ def test_library_lines_are_timed_or_their_error_recorded(tmp_path: Path) -> None
     topk = by_variant[("05_topk_bitonic", "library:torch.topk")]
     assert topk["status"] == "ok" and topk["median_ms"] > 0
     scaled = by_variant[("01_fp8_gemm", "library:torch._scaled_mm")]
-    assert scaled["status"] in ("ok", "error") and scaled["message"]  # CPU fp8 GEMM may be unsupported
+    if scaled["status"] == "ok":  # CPU fp8 GEMM support depends on the torch build
+        assert scaled["median_ms"] > 0
+    else:
+        assert scaled["status"] == "error" and scaled["median_ms"] is None and ":" in scaled["message"]
     assert rows["fp8"]["status"] == "pass"
     assert rows["fp8"]["compile_variant"] in ("compile:default",)  # the headline stays torch.compile
