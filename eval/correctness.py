@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
+#: A call's result: one tensor, or a tuple of them (a top-k's values and indices).
+Output = torch.Tensor | tuple[torch.Tensor, ...]
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -68,3 +71,27 @@ def compare(ref: torch.Tensor, out: object, atol: float, rtol: float) -> Verdict
         f"got {float(o64[idx]):.6g}, expected {float(r64[idx]):.6g}; ‖d‖/‖ref‖={rel_err:.3g}",
         rel_err,
     )
+
+
+def compare_topk(x: torch.Tensor, ref: tuple[torch.Tensor, ...], out: tuple[torch.Tensor, ...],
+                 atol: float, rtol: float) -> Verdict:
+    """A top-k's (values, indices) against the reference's values, accepting any tie-break:
+    indices in range and distinct within a row, the values within tolerance of the reference's
+    (position by position, so sorted descending), and the input at the indices equally close.
+    Types, shapes and dtypes are checked before (per part, against the reference's)."""
+    values, indices = out
+    n = x.shape[-1]
+    outside = (indices < 0) | (indices >= n)
+    if bool(outside.any()):
+        return Verdict(False, f"{int(outside.sum())} indices outside [0, {n})")
+    repeated = indices.sort(dim=-1).values.diff(dim=-1) == 0
+    if bool(repeated.any()):
+        row = int(repeated.any(dim=-1).nonzero()[0, 0]) if repeated.dim() > 1 else 0
+        return Verdict(False, f"row {row} names the same index twice")
+    by_position = compare(ref[0], values, atol, rtol)
+    if not by_position.ok:
+        return Verdict(False, f"values: {by_position.message}", by_position.rel_err)
+    pointed_at = compare(ref[0], x.gather(-1, indices), atol, rtol)
+    if not pointed_at.ok:
+        return Verdict(False, f"the inputs at the returned indices: {pointed_at.message}", pointed_at.rel_err)
+    return by_position

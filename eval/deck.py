@@ -47,6 +47,11 @@ class Shape:
         return json.dumps(self.params, sort_keys=True)
 
 
+#: How an output is compared with the reference's (correctness.py): every element within
+#: tolerance, or a top-k's (values, indices) with any valid tie-break.
+OUTPUT_RULES = ("allclose", "topk")
+
+
 @dataclass(frozen=True)
 class StressCase:
     """Inputs at `scale[position]` × their nominal values, graded with `tolerance` overrides."""
@@ -74,6 +79,11 @@ class StructuralStress:
     canonical: tuple[dict[str, int], ...]
     random_count: int
     random_ranges: dict[str, tuple[int, int]]
+    tolerance: dict[str, tuple[float, float]] = field(default_factory=dict)  # overrides for these cases
+
+    def as_stress(self) -> StressCase:
+        """The structural cases' tolerance overrides, in the shape numeric cases carry them."""
+        return StressCase(self.function, {}, self.tolerance)
 
     def cases(self, seed: int) -> list[StructuralCase]:
         """The canonical cases, then `random_count` drawn from `seed` (so a run can be replayed)."""
@@ -110,6 +120,7 @@ class Problem:
     library: dict[str, str] = field(default_factory=dict)  # library line name -> reference.py function
     solution_class: str = "Model"  # ScalingIntelligence KernelBench candidates define ModelNew
     weight_transfer: str = "state_dict"  # or "seed": both models built after the same manual_seed
+    output_rule: str = "allclose"  # or "topk": (values, indices), any valid tie-break (correctness.py)
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -217,7 +228,8 @@ def _structural(data: Any, where: str) -> StructuralStress | None:
             raise DeckError(f"{where}.random_ranges.{key}: expected [low, high] integers, got {bounds!r}")
         ranges[str(key)] = (bounds[0], bounds[1])
     canonical = tuple(dict(_Fields(c, f"{where}.canonical").data) for c in f.get("canonical", list, []))
-    return StructuralStress(f.get("function", str), canonical, f.get("random_count", int, 0), ranges)
+    tolerance = _tolerances(f.get("tolerance", dict, {}), f"{where}.tolerance")
+    return StructuralStress(f.get("function", str), canonical, f.get("random_count", int, 0), ranges, tolerance)
 
 
 def load_native_problem(folder: Path) -> Problem:
@@ -263,6 +275,7 @@ def load_native_problem(folder: Path) -> Problem:
         library={str(k): str(v) for k, v in f.get("library", dict, {}).items()},
         solution_class=f.get("solution_class", str, "Model"),
         weight_transfer=_choice(f, "weight_transfer", ("state_dict", "seed"), "state_dict"),
+        output_rule=_choice(f, "output_rule", OUTPUT_RULES, "allclose"),
         raw=data,
     )
     _check_formulas(problem, path)

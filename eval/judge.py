@@ -3,9 +3,9 @@
 It drives a runner (runner.py), the one process that imports and runs candidate code, through
 `link.RunnerLink`, and decides everything itself:
 
-1. the reference and every reference output (all shapes × seeds × stress cases, and the timing
-   input sets) are computed here — while the runner boots, before it imports anything of the
-   candidate's — and never leave this process;
+1. the reference and every reference output (each shape's seeds × stress cases and timing input
+   sets, planned one shape at a time so a problem with GB-sized inputs fits) are computed here,
+   in a process that never runs candidate code, and never leave it;
 2. forbidden substrings are looked for in every file of the submission, before any of it runs;
 3. torch's global numeric state, as the runner reports it before the import, is compared with its
    reports after the import, each call and each timing loop (a tripwire: a runner can lie);
@@ -33,8 +33,8 @@ from typing import Any
 import torch
 
 from . import audit
-from .correctness import Verdict, compare, dtype_name
-from .deck import Problem, load_problem
+from .correctness import Output, Verdict, compare, compare_topk, dtype_name
+from .deck import Problem, StressCase, load_problem
 from .failure import Failure, one_line
 from .link import Received, Reply, RunnerLink
 from .phases import Phases
@@ -64,16 +64,34 @@ def _check_inputs(shared: list[torch.Tensor | None], pristine: list[Any], where:
             raise Failure("integrity_violation", f"{where}: the solution wrote into input {i}")
 
 
-def _judge(ref: torch.Tensor, got: Received, atol: float, rtol: float) -> Verdict:
-    """compare(), on an output the runner sent: its header judged first, then its values here."""
+def _judge(problem: Problem, ref: Output, got: Received, inputs: list[Any], case: StressCase | None) -> Verdict:
+    """An output the runner sent against the reference's: its header judged first (link.py), then
+    its values here, under the problem's output rule and the case's tolerance."""
     if got.tensor is None:  # not a tensor, or a shape or dtype that cannot stand for `ref`
         return Verdict(False, got.problem or "no output")
-    if got.device != str(ref.device):
-        return Verdict(False, f"output device {got.device} != expected {ref.device}")
-    return compare(ref, got.tensor.to(ref.device), atol, rtol)
+    parts = ref if isinstance(ref, tuple) else (ref,)
+    device = parts[0].device
+    if got.device != str(device):
+        return Verdict(False, f"output device {got.device} != expected {device}")
+    outs = got.tensor if isinstance(got.tensor, tuple) else (got.tensor,)
+    outs = tuple(o.to(device) for o in outs)
+    if problem.output_rule == "topk" and len(parts) == 2:
+        atol, rtol = problem.tolerance_for(dtype_name(parts[0].dtype), case)
+        return compare_topk(inputs[0], parts, outs, atol, rtol)
+    worst: Verdict | None = None
+    for i, (r, o) in enumerate(zip(parts, outs, strict=True)):
+        atol, rtol = problem.tolerance_for(dtype_name(r.dtype), case) if r.is_floating_point() else (0.0, 0.0)
+        verdict = compare(r, o, atol, rtol)
+        if not verdict.ok:
+            return verdict if len(parts) == 1 else Verdict(False, f"output {i}: {verdict.message}", verdict.rel_err)
+        if worst is None or (verdict.rel_err or 0.0) > (worst.rel_err or 0.0):
+            worst = verdict
+    assert worst is not None
+    return worst
 
 
-def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int) -> list[list[torch.Tensor | None]]:
+def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int,
+           keep_timing_inputs: bool) -> list[list[torch.Tensor | None]]:
     """Copy the shape's inputs into shared memory, have the runner build its Model; returns the
     judge's views of each check's inputs (None for a non-tensor input)."""
     arena = Arena({"init_args": plan.init_args, "state_dict": plan.state_dict,
@@ -85,6 +103,7 @@ def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int) -> list[list[to
         arena.close_fd()
     for check in plan.checks:
         check.inputs = []  # the arena holds them now; the pristine copies stay
+    plan.timing_inputs = plan.timing_sets if keep_timing_inputs else []  # for rules that read the inputs
     plan.timing_sets = []
     return [[arena.view(r) if isinstance(r, TensorRef) else None for r in inputs]
             for inputs in arena.encoded["checks"]]
@@ -99,8 +118,7 @@ def _check_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sh
         reply = link.ask("call", where, shape=k, check=j)
         _check_state(state, reply, f"during {where}")
         _check_inputs(shared[j], check.pristine, where)
-        atol, rtol = problem.tolerance_for(dtype_name(check.ref_out.dtype), check.stress)
-        verdict = _judge(check.ref_out, reply.outputs([check.ref_out])[0], atol, rtol)
+        verdict = _judge(problem, check.ref_out, reply.outputs([check.ref_out])[0], check.pristine, check.stress)
         if not verdict.ok:
             raise Failure("wrong", f"{where}: {verdict.message}")
         worst = max(worst, verdict.rel_err or 0.0)
@@ -109,8 +127,8 @@ def _check_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sh
 
 def _verify_timed(problem: Problem, plan: ShapePlan, outputs: list[Received], what: str) -> None:
     for i, (ref_out, out) in enumerate(zip(plan.timing_refs, outputs, strict=False)):
-        atol, rtol = problem.tolerance_for(dtype_name(ref_out.dtype))
-        verdict = _judge(ref_out, out, atol, rtol)
+        inputs = plan.timing_inputs[i] if plan.timing_inputs else []
+        verdict = _judge(problem, ref_out, out, inputs, None)
         if not verdict.ok:
             raise Failure("wrong", f"shape {plan.shape.idx}: {what} on input set {i} returned a wrong output: "
                                    f"{verdict.message}")
@@ -172,8 +190,7 @@ def grade(job: dict[str, Any], result: dict[str, Any], phases: Phases, link: Run
     phases.enter("reference")
     reference = import_file("reference", problem.reference_path)
     install_shapes_module(shapes)
-    print(f"[worker] planning {len(shapes)} shapes × {len(seeds)} seeds on {env['device_name']}", flush=True)
-    plans = make_plan(problem, reference, shapes, seeds, (base_seed + 1, base_seed + 2), device)
+    print(f"[worker] {len(shapes)} shapes × {len(seeds)} seeds on {env['device_name']}", flush=True)
     hits = audit.forbidden_text_hits(problem, solution_dir)
     if hits:
         raise Failure("forbidden", f"forbidden op used: {'; '.join(hits)}")
@@ -185,9 +202,12 @@ def grade(job: dict[str, Any], result: dict[str, Any], phases: Phases, link: Run
     _check_state(state, imported, "when solution.py was imported")
     if device == "cuda":
         result["l2"] = link.ask("gpu_setup", "resetting persisting L2", l2_bytes=env["l2_bytes"]).text("l2")
-    for k, plan in enumerate(plans):
+    plans, n_checks = [], 0
+    for k, shape in enumerate(shapes):
         phases.enter("correctness")
-        shared = _share(link, plan, k, seeds[0])
+        plan = make_plan(problem, reference, (shape,), seeds, (base_seed + 1, base_seed + 2), device)[0]
+        plans.append(plan)
+        shared = _share(link, plan, k, seeds[0], keep_timing_inputs=problem.output_rule != "allclose")
         if device == "cuda":
             torch.cuda.empty_cache()  # the inputs moved to the arena: give their memory back
         if k == 0 and problem.forbidden_ops:
@@ -197,6 +217,9 @@ def grade(job: dict[str, Any], result: dict[str, Any], phases: Phases, link: Run
             if hits:
                 raise Failure("forbidden", f"forbidden aten ops ran: {', '.join(hits)}")
         worst = _check_shape(link, problem, plan, k, shared, state)
+        n_checks += len(plan.checks)
+        plan.checks.clear()  # the next shape's plan may be large (06: GBs per input); the timing refs stay
+        del shared
         print(f"[worker] shape {plan.shape.idx} correct (‖d‖/‖ref‖ ≤ {worst:.3g})", flush=True)
         phases.enter("timing")
         stats, audited = _time_shape(link, problem, plan, k, state, device)
@@ -205,7 +228,6 @@ def grade(job: dict[str, Any], result: dict[str, Any], phases: Phases, link: Run
                                  "max_rel_err": worst, **audited})
     if device == "cuda":
         _graph_times(link, problem, plans, result["shapes"])
-    n_checks = sum(len(p.checks) for p in plans)
     result.update(status="pass", message=f"correct on all {n_checks} checks ({len(plans)} shapes × "
                                          f"{len(seeds)} seeds × {1 + len(problem.numeric_stress)} numeric "
                                          f"cases + structural cases) and on every timed call")

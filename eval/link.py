@@ -30,10 +30,10 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from .correctness import check_type
+from .correctness import Output, check_type
 from .failure import Failure, one_line, status_of
 from .probe import torch_global_state
-from .protocol import Channel, Deadline, ProtocolError, RunnerGone, decode_tensor, tensor_meta
+from .protocol import MAX_PARTS, Channel, Deadline, ProtocolError, RunnerGone, decode_tensor, tensor_meta
 
 T = TypeVar("T")
 _MAX_LIST = 1_000_000
@@ -55,7 +55,7 @@ class Received:
     """One output as the judge read it: a private CPU tensor and the device the runner says it
     was on, or — `tensor` None — why it cannot stand for the reference."""
 
-    tensor: torch.Tensor | None
+    tensor: torch.Tensor | tuple[torch.Tensor, ...] | None
     device: str
     problem: str | None
 
@@ -105,7 +105,7 @@ class Reply:
             raise self._bad("'state' does not list torch's global switches")
         return v
 
-    def outputs(self, refs: list[torch.Tensor]) -> list[Received]:
+    def outputs(self, refs: list[Output]) -> list[Received]:
         """The reply's outputs, one per reference, in order."""
         entries = self.header.get("outputs")
         if not (isinstance(entries, list) and len(entries) == len(refs)):
@@ -166,17 +166,25 @@ class RunnerLink:
         ok = header.get("ok")
         if ok is True:
             for entry in header.get("outputs") or []:
-                if isinstance(entry, dict) and entry.get("kind") == "tensor":
-                    self._pending.append(tensor_meta(entry)[3])
-                elif not (isinstance(entry, dict) and entry.get("kind") == "other"
-                          and isinstance(entry.get("type"), str) and len(entry["type"]) <= _MAX_TEXT):
-                    raise ProtocolError("an output entry that is neither a tensor nor a described other value")
+                parts = entry.get("parts") if isinstance(entry, dict) and entry.get("kind") == "tuple" else [entry]
+                if not (isinstance(parts, list) and 0 < len(parts) <= MAX_PARTS):
+                    raise ProtocolError("a tuple output entry without 1 to 8 parts")
+                for part in parts:
+                    self._announce(part)
             return header
         error = header.get("error")
         if ok is not False or not (isinstance(error, dict) and isinstance(error.get("type"), str)
                                    and isinstance(error.get("text"), str) and isinstance(error.get("oom"), bool)):
             raise ProtocolError("a reply that is neither ok nor a reported error")
         return header
+
+    def _announce(self, entry: object) -> None:
+        """Queue the frame size of one (non-tuple) output entry, or refuse the entry."""
+        if isinstance(entry, dict) and entry.get("kind") == "tensor":
+            self._pending.append(tensor_meta(entry)[3])
+        elif not (isinstance(entry, dict) and entry.get("kind") == "other"
+                  and isinstance(entry.get("type"), str) and len(entry["type"]) <= _MAX_TEXT):
+            raise ProtocolError("an output entry that is neither a tensor nor a described other value")
 
     def ready(self) -> dict[str, Any]:
         """Wait for the runner's hello; returns torch's global switches as they were before any
@@ -206,7 +214,12 @@ class RunnerLink:
             reply.error = err
         return reply
 
-    def _read_output(self, reply: Reply, entry: dict[str, Any], ref: torch.Tensor) -> Received:
+    def _read_output(self, reply: Reply, entry: dict[str, Any], ref: Output) -> Received:
+        if isinstance(ref, tuple):
+            return self._read_tuple(reply, entry, ref)
+        if entry["kind"] == "tuple":
+            self._skip(reply, entry["parts"])
+            return Received(None, "", f"output must be a plain torch.Tensor, got a tuple of {len(entry['parts'])}")
         if entry["kind"] == "other":
             return Received(None, "", f"output must be a plain torch.Tensor, got {entry['type']}")
         shape, dtype, device, nbytes = tensor_meta(entry)
@@ -216,3 +229,26 @@ class RunnerLink:
             return Received(None, device, check_type(ref, torch.empty(shape, dtype=dtype, device="meta")))
         blob = self._talk(reply.what, lambda d: self.chan.recv_blob(nbytes, d))
         return Received(decode_tensor(blob, shape, dtype), device, None)
+
+    def _read_tuple(self, reply: Reply, entry: dict[str, Any], ref: tuple[torch.Tensor, ...]) -> Received:
+        """A tuple output: as many parts as the reference's, each read like a single output."""
+        parts = entry["parts"] if entry["kind"] == "tuple" else [entry]
+        if entry["kind"] != "tuple" or len(parts) != len(ref):
+            self._skip(reply, parts)
+            got = f"a tuple of {len(parts)}" if entry["kind"] == "tuple" else entry.get("type", "a tensor")
+            return Received(None, "", f"output must be a tuple of {len(ref)} tensors, got {got}")
+        received = [self._read_output(reply, part, r) for part, r in zip(parts, ref, strict=True)]
+        for i, part in enumerate(received):
+            if part.tensor is None:
+                return Received(None, part.device, f"output {i}: {part.problem}")
+        devices = {part.device for part in received}
+        if len(devices) > 1:
+            return Received(None, "", f"the outputs are on different devices: {', '.join(sorted(devices))}")
+        return Received(tuple(p.tensor for p in received), received[0].device, None)  # type: ignore[misc]
+
+    def _skip(self, reply: Reply, parts: list[dict[str, Any]]) -> None:
+        """Read past the frames of output parts nobody will look at."""
+        for part in parts:
+            if part["kind"] == "tensor":
+                nbytes = self._pending.popleft()
+                self._talk(reply.what, lambda d, n=nbytes: self.chan.skip_blob(n, d))

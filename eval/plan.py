@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .correctness import Output
 from .deck import Problem, Shape, StressCase
 
 
@@ -69,7 +70,7 @@ class Check:
     label: str
     inputs: list[Any]
     pristine: list[Any]
-    ref_out: torch.Tensor
+    ref_out: Output
     stress: StressCase | None
 
 
@@ -82,7 +83,8 @@ class ShapePlan:
     state_dict: dict[str, torch.Tensor]
     checks: list[Check] = field(default_factory=list)
     timing_sets: list[list[Any]] = field(default_factory=list)
-    timing_refs: list[torch.Tensor] = field(default_factory=list)
+    timing_refs: list[Output] = field(default_factory=list)
+    timing_inputs: list[list[Any]] = field(default_factory=list)  # kept only for rules that read inputs
 
 
 @torch.no_grad()
@@ -91,6 +93,7 @@ def make_plan(problem: Problem, reference: types.ModuleType, shapes: tuple[Shape
     """Reference outputs for every shape × seed × stress case (numeric, then structural, drawn
     from the last seed — the run's fresh one) and for the timing input sets."""
     structural = problem.structural_stress.cases(seeds[-1]) if problem.structural_stress else []
+    structural_tolerance = problem.structural_stress.as_stress() if problem.structural_stress else None
     plans = []
     for shape in shapes:
         apply_shape(reference, problem, shape)
@@ -108,7 +111,7 @@ def make_plan(problem: Problem, reference: types.ModuleType, shapes: tuple[Shape
         for sc in structural:
             case_inputs = getattr(reference, sc.function)(base, **sc.params)
             plan.checks.append(Check(f"seed {seeds[0]} case {sc.name}", case_inputs, clone_all(case_inputs),
-                                     ref_model(*case_inputs), None))
+                                     ref_model(*case_inputs), structural_tolerance))
         for seed in timing_seeds:
             inputs = draw_inputs(reference, seed + 7919 * shape.idx, device)
             plan.timing_sets.append(inputs)

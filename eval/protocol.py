@@ -177,9 +177,22 @@ DTYPES: dict[str, torch.dtype] = {
 }
 
 
-def encode_output(value: object) -> tuple[dict[str, Any], memoryview | None]:
-    """Runner side: a call's result as (header entry, raw bytes or None). Anything but a plain,
-    strided, materialised tensor is described by its type name only."""
+#: At most this many parts in a tuple output (a top-k's (values, indices) has two).
+MAX_PARTS = 8
+
+
+def encode_output(value: object) -> tuple[dict[str, Any], list[memoryview]]:
+    """Runner side: a call's result as (header entry, raw byte frames). A plain tuple or list of
+    up to MAX_PARTS values is a "tuple" entry with one entry per part (never nested)."""
+    if type(value) in (tuple, list) and 0 < len(value) <= MAX_PARTS:  # type: ignore[arg-type]
+        parts = [_encode_one(v) for v in value]  # type: ignore[union-attr]
+        return {"kind": "tuple", "parts": [m for m, _ in parts]}, [b for _, b in parts if b is not None]
+    meta, blob = _encode_one(value)
+    return meta, [] if blob is None else [blob]
+
+
+def _encode_one(value: object) -> tuple[dict[str, Any], memoryview | None]:
+    """Anything but a plain, strided, materialised tensor is described by its type name only."""
     kind = type(value)
     name = f"{kind.__module__}.{kind.__qualname__}"
     if kind is not torch.Tensor:

@@ -152,9 +152,9 @@ class _Runner:
                 view.copy_(arg)  # what the call did to its inputs, for the judge to see
         if request.get("log_ops"):
             return header, []
-        meta, blob = encode_output(out)
+        meta, blobs = encode_output(out)
         header.update(state=torch_global_state(), outputs=[meta])
-        return header, [blob] if blob is not None else []
+        return header, blobs
 
     def _op_time(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
         shape = self.loaded[request["shape"]]
@@ -167,7 +167,7 @@ class _Runner:
         encoded = [encode_output(out) for out in last]
         header = {"samples_ms": list(stats.samples_ms), "wall_ms": stats.wall_ms, "state": torch_global_state(),
                   "outputs": [meta for meta, _ in encoded]}
-        return header, [blob for _, blob in encoded if blob is not None]
+        return header, [blob for _, blobs in encoded for blob in blobs]
 
     def _op_host_sync(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
         shape = self.loaded[request["shape"]]
@@ -183,8 +183,8 @@ class _Runner:
         assert self.flush is not None
         samples, out = audit.graph_replay_samples_ms(shape.model, shape.timing[0], self.flush)
         self._sync()
-        meta, blob = encode_output(out)
-        return {"samples_ms": samples, "outputs": [meta]}, [blob] if blob is not None else []
+        meta, blobs = encode_output(out)
+        return {"samples_ms": samples, "outputs": [meta]}, blobs
 
 
 def _detach(judge_pid: int) -> None:

@@ -58,6 +58,7 @@ class EvalOptions:
     check_timeout_s: float = 600.0
     timing_timeout_s: float = 600.0
     baseline_timeout_s: float = 1800.0
+    skip_baselines: tuple[str, ...] = ()  # variants not measured in this run (e.g. compile:max-autotune)
     rep_ms: float | None = None  # timing budget per shape; None = the timer's default
 
     @property
@@ -92,7 +93,8 @@ def ensure_baselines(opts: EvalOptions, gpu: str, problem: Problem, env: dict[st
                      scratch: Path) -> dict[int, dict[str, Any]]:
     """Eager and torch.compile times for every shape, measured once per device and software."""
     shapes = problem.shapes_for(opts.device)
-    variants = (*BASELINE_VARIANTS[opts.device], *(f"library:{name}" for name in problem.library))
+    variants = tuple(v for v in (*BASELINE_VARIANTS[opts.device], *(f"library:{name}" for name in problem.library))
+                     if v not in opts.skip_baselines)
     cached = {} if opts.regrade else _cached_baselines(opts.out, gpu, problem, env)
     if all(v in cached.get(s.idx, {}) for s in shapes for v in variants):
         return cached

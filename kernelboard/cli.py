@@ -53,6 +53,10 @@ def main() -> None:
               show_default=True, help="Seconds for timing one shape.")
 @click.option("--baseline-timeout", "baseline_timeout_s", type=click.FloatRange(min=1), default=1800.0,
               show_default=True, help="Seconds the eager and torch.compile baselines of one problem may take.")
+@click.option("--skip-baseline", "skip_baselines", multiple=True, metavar="VARIANT",
+              type=click.Choice(["compile:max-autotune"]),
+              help="Do not measure this baseline variant (max-autotune can take minutes a problem); the "
+                   "headline is then the fastest variant measured, and the tables show which one it was.")
 @click.pass_context
 def eval(ctx: click.Context, **options: object) -> None:
     """Grade submissions against the deck's references: correctness first, then timing."""

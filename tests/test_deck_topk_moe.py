@@ -369,3 +369,58 @@ def test_moe_verdicts_explain_themselves(moe_graded) -> None:
     assert "out of tolerance" in moe_graded["silu_on_up"]["message"]
     passed = moe_graded["no_library_gemm"]
     assert passed["speedup_vs_compile"] > 0 and "structural" in passed["message"]
+
+
+# ------------------------------------------------------------------------------ 05 graded end to end
+
+_TOPK_SOLUTION = """
+import torch
+
+import reference
+
+
+class Model(reference.Model):
+    def forward(self, x):
+        work, values, indices = x.clone(), [], []
+        for _ in range(self.k):  # k rounds of argmax, no sort or top-k op
+            i = {pick}
+            values.append(x.gather(-1, i))
+            indices.append(i)
+            work.scatter_(-1, i, float("-inf"))
+        values, indices = torch.cat(values, -1), torch.cat(indices, -1)
+        return {ret}
+"""
+_FIRST = "work.argmax(dim=-1, keepdim=True)"  # ties go to the lowest index
+_LAST = "work.shape[-1] - 1 - work.flip(-1).argmax(dim=-1, keepdim=True)"  # ties go to the highest
+
+TOPK_SUBMISSIONS = {
+    "first_index_ties": (_TOPK_SOLUTION.format(pick=_FIRST, ret="values, indices"), "pass"),
+    "last_index_ties": (_TOPK_SOLUTION.format(pick=_LAST, ret="values, indices"), "pass"),
+    "repeated_index": (_TOPK_SOLUTION.format(pick=_FIRST, ret="values, indices[:, :1].expand_as(indices)"
+                                             ".contiguous() if self.k > 1 else (values, indices)"), "wrong"),
+    "ascending": (_TOPK_SOLUTION.format(pick=_FIRST, ret="values.flip(-1), indices.flip(-1)"), "wrong"),
+    "values_only": (_TOPK_SOLUTION.format(pick=_FIRST, ret="values"), "wrong"),
+    "int32_indices": (_TOPK_SOLUTION.format(pick=_FIRST, ret="values, indices.int()"), "wrong"),
+}
+
+
+@pytest.fixture(scope="module")
+def topk_graded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    subs = {run_id: ("05_topk_bitonic", source) for run_id, (source, _) in TOPK_SUBMISSIONS.items()}
+    return grade(tmp_path_factory.mktemp("topk"), ("05_topk_bitonic",), subs)
+
+
+@pytest.mark.parametrize("run_id", sorted(TOPK_SUBMISSIONS))
+def test_topk_submissions_get_their_status_on_the_cpu(topk_graded, run_id: str) -> None:
+    row = topk_graded[run_id]
+    assert row["status"] == TOPK_SUBMISSIONS[run_id][1], row["message"]
+
+
+def test_topk_verdicts_name_what_is_wrong(topk_graded) -> None:
+    messages = {run_id: row["message"] for run_id, row in topk_graded.items()}
+    assert "names the same index twice" in messages["repeated_index"]
+    assert "values:" in messages["ascending"] and "out of tolerance" in messages["ascending"]
+    assert "output must be a tuple of 2 tensors" in messages["values_only"]
+    assert "output 1: output dtype int32 != expected int64" in messages["int32_indices"]
+    # 2 CPU shapes × 4 seeds × 3 numeric cases + 4 structural cases each
+    assert messages["last_index_ties"].startswith("correct on all 32 checks (2 shapes"), messages["last_index_ties"]

@@ -145,7 +145,7 @@ class Model(reference.Model):
     # Honest until the timing loop is well under way, then hands back its previous output.
     "lazy_after_warmup": _MODEL_PREAMBLE.format(body="""\
         self.calls = getattr(self, "calls", 0) + 1
-        if self.calls > 40:
+        if self.calls > 15:  # honest for one CPU shape's 15 checks (4 seeds × 3 cases + 3 structural), then lazy
             return self.last
         self.last = super().forward(query, kv_cache, block_table, seq_lens)
         return self.last"""),

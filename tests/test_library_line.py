@@ -23,3 +23,12 @@ def test_library_lines_are_timed_or_their_error_recorded(tmp_path: Path) -> None
         assert scaled["status"] == "error" and scaled["median_ms"] is None and ":" in scaled["message"]
     assert rows["fp8"]["status"] == "pass"
     assert rows["fp8"]["compile_variant"] in ("compile:default",)  # the headline stays torch.compile
+
+
+def test_a_skipped_baseline_is_not_measured_and_no_headline_without_torch_compile(tmp_path: Path) -> None:
+    rows = grade(tmp_path, ("07_w4a16_gemm",), {"w4": ("07_w4a16_gemm", REEXPORT)},
+                 skip_baselines=("compile:default",))
+    baselines = read_table(table_path(tmp_path / "out", "cpu", "baselines"), "baselines").to_pylist()
+    assert {b["variant"] for b in baselines} == {"eager"}
+    assert rows["w4"]["status"] == "not_graded" and rows["w4"]["speedup_vs_compile"] is None
+    assert "baselines are missing for shapes [0, 1]" in rows["w4"]["message"]

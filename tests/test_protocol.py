@@ -107,9 +107,9 @@ def test_a_strided_input_reaches_the_call_with_its_strides() -> None:
 
 def test_outputs_travel_as_bytes_and_arrive_as_private_tensors() -> None:
     out = torch.randn(3, 5).to(torch.bfloat16)
-    meta, blob = encode_output(out)
+    meta, (blob,) = encode_output(out)
     shape, dtype, device, nbytes = tensor_meta(meta)
-    assert blob is not None and (shape, dtype, device, nbytes) == ((3, 5), torch.bfloat16, "cpu", 30)
+    assert (shape, dtype, device, nbytes) == ((3, 5), torch.bfloat16, "cpu", 30)
     assert torch.equal(decode_tensor(bytearray(blob), shape, dtype), out)
 
 
@@ -117,9 +117,11 @@ def test_a_non_tensor_or_a_subclass_is_described_not_sent() -> None:
     class Lazy(torch.Tensor):
         pass
 
-    assert encode_output([1.0]) == ({"kind": "other", "type": "builtins.list"}, None)
-    meta, blob = encode_output(torch.zeros(2).as_subclass(Lazy))
-    assert meta["kind"] == "other" and "Lazy" in meta["type"] and blob is None
+    assert encode_output(1.0) == ({"kind": "other", "type": "builtins.float"}, [])
+    meta, blobs = encode_output(torch.zeros(2).as_subclass(Lazy))
+    assert meta["kind"] == "other" and "Lazy" in meta["type"] and blobs == []
+    meta, blobs = encode_output([torch.zeros(2), 1.0])  # a tuple's parts are described one by one
+    assert [p["kind"] for p in meta["parts"]] == ["tensor", "other"] and len(blobs) == 1
 
 
 # ------------------------------------------------------------------------------ the judge's reading
@@ -201,13 +203,39 @@ def test_a_header_whose_size_does_not_fit_its_shape_is_refused(pair) -> None:
 def test_a_wrong_dtype_is_judged_from_the_header_and_the_next_reply_still_reads(pair) -> None:
     link, theirs = pair()
     chan = Channel(theirs)
-    meta, blob = encode_output(torch.ones(4, dtype=torch.float32))
-    chan.send_reply({"ok": True, "outputs": [meta]}, [blob])
+    meta, blobs = encode_output(torch.ones(4, dtype=torch.float32))
+    chan.send_reply({"ok": True, "outputs": [meta]}, blobs)
     got = link.ask("call", "check 0").outputs([torch.ones(4, dtype=torch.bfloat16)])[0]
     assert got.tensor is None and "output dtype float32 != expected bfloat16" in (got.problem or "")
-    chan.send_reply({"ok": True, "outputs": [meta]}, [blob])
+    chan.send_reply({"ok": True, "outputs": [meta]}, blobs)
     chan.send_reply({"ok": True, "l2": "reset"}, [])
     link.ask("call", "check 1")  # its tensor frame is never read: the next request drains it
+    assert link.ask("gpu_setup", "resetting persisting L2").text("l2") == "reset"
+
+
+def test_tuple_outputs_are_read_part_by_part_and_a_mismatch_is_judged_not_fatal(pair) -> None:
+    link, theirs = pair()
+    chan = Channel(theirs)
+    values, indices = torch.tensor([3.0, 2.0]), torch.tensor([7, 1])
+    ref = (values, indices)
+    for out in ((values, indices), [values, indices]):
+        meta, blobs = encode_output(out)
+        chan.send_reply({"ok": True, "outputs": [meta]}, blobs)
+        got = link.ask("call", "a pair").outputs([ref])[0]
+        assert isinstance(got.tensor, tuple) and all(torch.equal(a, b) for a, b in zip(got.tensor, ref, strict=True))
+    wrong = [(values,), values, (values, indices.int()), (values, indices, indices)]
+    expected = ["tuple of 2 tensors, got a tuple of 1", "tuple of 2 tensors, got a tensor",
+                "output 1: output dtype int32 != expected int64", "tuple of 2 tensors, got a tuple of 3"]
+    for out, why in zip(wrong, expected, strict=True):
+        meta, blobs = encode_output(out)
+        chan.send_reply({"ok": True, "outputs": [meta]}, blobs)
+        got = link.ask("call", "a bad pair").outputs([ref])[0]
+        assert got.tensor is None and why in (got.problem or ""), got.problem
+    meta, blobs = encode_output((values, indices))  # a tuple where one tensor is expected
+    chan.send_reply({"ok": True, "outputs": [meta]}, blobs)
+    got = link.ask("call", "one tensor").outputs([values])[0]
+    assert got.tensor is None and "plain torch.Tensor, got a tuple of 2" in (got.problem or "")
+    chan.send_reply({"ok": True, "l2": "reset"}, [])  # every frame above was read or skipped
     assert link.ask("gpu_setup", "resetting persisting L2").text("l2") == "reset"
 
 
