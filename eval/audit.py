@@ -29,19 +29,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .deck import Problem
-
-#: CUDA kernels that PyTorch, its compiler or a vendor library launch — not the candidate's own:
-#: by how their names begin, or (cuBLAS's batched TRSM, `batch_trsm_left_kernel<…>(cublasTrsm…)`,
-#: seen on an H200 with torch 2.11) by a vendor library's name anywhere in the signature.
-LIBRARY_KERNEL = re.compile(
-    r"^(void )?(at::|at_cuda_detail|\(anonymous namespace\)|c10::|cub::|cutlass::Kernel|cutlass_\d|cutlass3x_|"
-    r"sm\d+_xmma|nvjet|cublas|cudnn|ampere_|volta_|turing_|hopper_|gemv|gemmk|gemmSN_|magma_|"
-    r"internal::gemvx|dot_kernel|splitKreduce|triton_(poi|red|per|tem)_|Memcpy|Memset|memcpy|memset)"
-    r"|cublas|cusolver|cufft|cudnn|cusparse",
-    re.IGNORECASE,
-)
-#: Host-synchronised time above this multiple of the event median (+ slack) means escaped work.
-ESCAPE_FACTOR, ESCAPE_SLACK_MS = 1.5, 0.05
+from .settings import ESCAPE_FACTOR, ESCAPE_SLACK_MS, LIBRARY_KERNEL
 
 
 def forbidden_text_hits(problem: Problem, solution_dir: Path) -> list[str]:

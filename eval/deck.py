@@ -54,11 +54,13 @@ OUTPUT_RULES = ("allclose", "topk")
 
 @dataclass(frozen=True)
 class StressCase:
-    """Inputs at `scale[position]` × their nominal values, graded with `tolerance` overrides."""
+    """Inputs at `scale[position]` × their nominal values — and state buffers at `state_scale[name]` ×
+    theirs, in both models for that call only — graded with `tolerance` overrides."""
 
     name: str
     scale: dict[int, float]
     tolerance: dict[str, tuple[float, float]]
+    state_scale: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -286,8 +288,12 @@ def _numeric_stress(items: list[Any], where: str) -> tuple[StressCase, ...]:
     stress = []
     for i, item in enumerate(items):
         s = _Fields(item, f"{where}[{i}]")
-        scale = {int(k): float(v) for k, v in s.get("scale", dict).items()}
-        stress.append(StressCase(s.get("name", str), scale, _tolerances(s.get("tolerance", dict, {}), s.where)))
+        scale = {int(k): float(v) for k, v in s.get("scale", dict, {}).items()}
+        state_scale = {str(k): float(v) for k, v in s.get("state_scale", dict, {}).items()}
+        if not scale and not state_scale:
+            raise DeckError(f"{s.where}: expected 'scale' (input positions) or 'state_scale' (buffer names)")
+        stress.append(StressCase(s.get("name", str), scale,
+                                 _tolerances(s.get("tolerance", dict, {}), s.where), state_scale))
     return tuple(stress)
 
 

@@ -41,12 +41,8 @@ from .phases import Phases
 from .plan import ShapePlan, build_model, import_file, install_shapes_module, make_plan
 from .probe import probe_environment
 from .protocol import Arena, TensorRef
+from .settings import BASELINE_TIMING_SEEDS, LAUNCH_BOUND_MS
 from .timing import TimeStats, summarize, time_cpu, time_cuda
-
-#: Input sets for baseline timing are fixed so cached baselines stay comparable across runs.
-BASELINE_TIMING_SEEDS = (2026, 2027)
-#: Shapes faster than this are launch-bound: their CUDA-graph replay time is reported beside them.
-LAUNCH_BOUND_MS = 0.2
 
 
 def _check_state(before: dict[str, Any], reply: Reply, when: str) -> None:
@@ -115,7 +111,7 @@ def _check_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sh
     worst = 0.0
     for j, check in enumerate(plan.checks):
         where = f"shape {plan.shape.idx} ({plan.shape.label}) {check.label}"
-        reply = link.ask("call", where, shape=k, check=j)
+        reply = link.ask("call", where, shape=k, check=j, state_scale=check.stress.state_scale if check.stress else {})
         _check_state(state, reply, f"during {where}")
         _check_inputs(shared[j], check.pristine, where)
         verdict = _judge(problem, check.ref_out, reply.outputs([check.ref_out])[0], check.pristine, check.stress)

@@ -3,9 +3,11 @@ the deck's reference before any candidate code is imported (worker side: imports
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +54,30 @@ def scaled(inputs: list[Any], case: StressCase | None) -> list[Any]:
     for pos, factor in case.scale.items():
         out[pos] = (inputs[pos].float() * factor).to(inputs[pos].dtype)
     return out
+
+
+@contextlib.contextmanager
+def scaled_state(model: torch.nn.Module, factors: dict[str, float]) -> Iterator[None]:
+    """State buffers × their factors (re-rounded to their dtype) for one call, then restored — in the
+    reference and in the solution alike: a solution that caches a repacked copy of its weights gives
+    the old answer and fails."""
+    if not factors:
+        yield
+        return
+    named = dict(model.named_buffers()) | dict(model.named_parameters())
+    saved = {}
+    with torch.no_grad():
+        for name, factor in factors.items():
+            if name not in named:
+                raise KeyError(f"state scaling: the model has no buffer or parameter {name!r}")
+            saved[name] = named[name].detach().clone()
+            named[name].copy_((saved[name].float() * factor).to(saved[name].dtype))
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, original in saved.items():
+                named[name].copy_(original)
 
 
 def build_model(module: types.ModuleType, init_args: list[Any], device: str,
@@ -106,7 +132,9 @@ def make_plan(problem: Problem, reference: types.ModuleType, shapes: tuple[Shape
             for case in (None, *problem.numeric_stress):
                 case_inputs = scaled(inputs, case)
                 label = f"seed {seed} case {case.name if case else 'nominal'}"
-                plan.checks.append(Check(label, case_inputs, clone_all(case_inputs), ref_model(*case_inputs), case))
+                with scaled_state(ref_model, case.state_scale if case else {}):
+                    ref_out = ref_model(*case_inputs)
+                plan.checks.append(Check(label, case_inputs, clone_all(case_inputs), ref_out, case))
         base = draw_inputs(reference, seeds[0], device)
         for sc in structural:
             case_inputs = getattr(reference, sc.function)(base, **sc.params)

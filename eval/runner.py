@@ -34,7 +34,7 @@ import torch
 
 from . import audit
 from .deck import load_problem
-from .plan import apply_shape, build_model, import_file, install_shapes_module
+from .plan import apply_shape, build_model, import_file, install_shapes_module, scaled_state
 from .probe import torch_global_state
 from .protocol import Channel, TensorRef, encode_output, map_arena, resolve, view_of
 from .timing import time_cpu, time_cuda
@@ -68,6 +68,15 @@ def _place(value: Any, device: str) -> tuple[Any, torch.Tensor | None]:
 class _Shape:
     def __init__(self, model: torch.nn.Module, checks: list[list[Any]], timing: list[list[Any]]) -> None:
         self.model, self.checks, self.timing = model, checks, timing
+
+
+def _factors(value: Any) -> dict[str, float]:
+    """A request's state scaling, {buffer name: factor}; anything else is a broken judge."""
+    if value is None:
+        return {}
+    if not (isinstance(value, dict) and all(isinstance(k, str) and type(v) in (int, float) for k, v in value.items())):
+        raise ValueError(f"state_scale must map buffer names to numbers, got {value!r}")
+    return {k: float(v) for k, v in value.items()}
 
 
 def report(exc: BaseException) -> dict[str, Any]:
@@ -143,7 +152,7 @@ class _Runner:
         if request.get("log_ops"):
             header, out = {"ops": audit.op_log(shape.model, args)}, None
         else:
-            with torch.no_grad():
+            with torch.no_grad(), scaled_state(shape.model, _factors(request.get("state_scale"))):
                 out = shape.model(*args)
             header = {}
         self._sync()

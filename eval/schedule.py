@@ -25,7 +25,6 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from kernelboard import __version__
 from kernelboard.errors import UsageError
 
 from .deck import Problem, load_deck
@@ -33,13 +32,10 @@ from .hardware import GPUS, GpuSpec, gpu_key
 from .sandbox import driver_version, finish_prebuild, gpu_lock, probe_device, run_worker, start_prebuild
 from .schema import DNF_OUTCOMES
 from .scoring import best_compile, result_row, shape_rows
+from .settings import BASELINE_VARIANTS, GRADER_VERSION
 from .submission import Submission, discover
 from .tables import read_table, table_path, upsert
 
-GRADER_VERSION = __version__
-#: The reference is timed eager and through torch.compile; the headline is the faster compile mode.
-BASELINE_VARIANTS = {"cuda": ("eager", "compile:default", "compile:max-autotune"),
-                     "cpu": ("eager", "compile:default")}
 _console = Console(stderr=True)
 
 

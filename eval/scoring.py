@@ -13,8 +13,7 @@ from typing import Any
 from .deck import Problem
 from .hardware import GpuSpec
 from .roofline import geomean, roofline, speedup
-
-HEADLINE_COMPILE_VARIANTS = ("compile:default", "compile:max-autotune")
+from .settings import HEADLINE_COMPILE_VARIANTS
 
 
 def best_compile(baselines: Mapping[str, Mapping[str, Any]]) -> tuple[str, float] | None:

@@ -35,6 +35,16 @@ from typing import Any
 
 import torch
 
+from .settings import (
+    CPU_FLUSH_BYTES,
+    CPU_TIMER,
+    CUDA_TIMER,
+    L2_FLUSH_FACTOR,
+    MIN_FLUSH_BYTES,
+    MIN_INPUT_SETS,
+    SPIN_UP_MS,
+)
+
 Inputs = Sequence[Any]
 
 
@@ -65,15 +75,15 @@ def summarize(samples_ms: Sequence[float], wall_ms: float) -> TimeStats:
 
 
 def _check_sets(input_sets: Sequence[Inputs]) -> None:
-    if len(input_sets) < 2:
-        raise ValueError(f"time on at least 2 rotating input sets, got {len(input_sets)}")
+    if len(input_sets) < MIN_INPUT_SETS:
+        raise ValueError(f"time on at least {MIN_INPUT_SETS} rotating input sets, got {len(input_sets)}")
 
 
 def _iterations(per_call_ms: float, rep_ms: float, min_iters: int, max_iters: int) -> int:
     return int(min(max_iters, max(min_iters, rep_ms / max(per_call_ms, 1e-4))))
 
 
-def spin_up(buffer: torch.Tensor, ms: float = 200.0) -> None:
+def spin_up(buffer: torch.Tensor, ms: float = SPIN_UP_MS) -> None:
     """Keep the GPU busy for `ms` so it leaves idle clocks before anything is measured."""
     end = time.perf_counter() + ms / 1e3
     while time.perf_counter() < end:
@@ -88,16 +98,16 @@ def time_cuda(
     input_sets: Sequence[Inputs],
     *,
     l2_bytes: int,
-    warmup_ms: float = 100.0,
-    min_warmup: int = 10,
-    rep_ms: float = 400.0,
-    min_iters: int = 20,
-    max_iters: int = 2000,
+    warmup_ms: float = CUDA_TIMER.warmup_ms,
+    min_warmup: int = CUDA_TIMER.min_warmup,
+    rep_ms: float = CUDA_TIMER.rep_ms,
+    min_iters: int = CUDA_TIMER.min_iters,
+    max_iters: int = CUDA_TIMER.max_iters,
 ) -> tuple[TimeStats, list[Any]]:
     """Time `fn(*inputs)` on a CUDA device as the module docstring describes."""
     _check_sets(input_sets)
     n = len(input_sets)
-    flush = torch.empty(max(2 * l2_bytes, 1 << 24) // 4, dtype=torch.int32, device="cuda")
+    flush = torch.empty(max(L2_FLUSH_FACTOR * l2_bytes, MIN_FLUSH_BYTES) // 4, dtype=torch.int32, device="cuda")
     spin_up(flush)
     start = time.perf_counter()
     calls = 0
@@ -133,12 +143,12 @@ def time_cpu(
     fn: Callable[..., Any],
     input_sets: Sequence[Inputs],
     *,
-    flush_bytes: int = 64 << 20,
-    warmup_ms: float = 50.0,
-    min_warmup: int = 3,
-    rep_ms: float = 200.0,
-    min_iters: int = 10,
-    max_iters: int = 200,
+    flush_bytes: int = CPU_FLUSH_BYTES,
+    warmup_ms: float = CPU_TIMER.warmup_ms,
+    min_warmup: int = CPU_TIMER.min_warmup,
+    rep_ms: float = CPU_TIMER.rep_ms,
+    min_iters: int = CPU_TIMER.min_iters,
+    max_iters: int = CPU_TIMER.max_iters,
 ) -> tuple[TimeStats, list[Any]]:
     """Time `fn(*inputs)` on the CPU with `perf_counter`, a cache-sized buffer written before
     each call. CPU timings are labelled `cpu_wall` and never compared with GPU timings."""

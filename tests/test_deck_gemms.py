@@ -40,7 +40,8 @@ W4_SEEDS = {(1, 12288, 4096): 32619022108281, (32, 12288, 4096): 32659800249406,
             (16, 14336, 4096): 38075037905582}
 TOLERANCE = {FP8: {"bfloat16": (0.2, 0.2)}, W4: {"bfloat16": (0.1, 0.1)}}
 STRESS = {  # name -> (scaled input positions, effective bf16 atol, rtol)
-    FP8: {"small_input": ({0: 1e-3}, 5e-4, 5e-2), "large_input": ({0: 64.0}, 12.0, 5e-2)},
+    FP8: {"small_input": ({0: 1e-3}, 5e-4, 5e-2), "large_input": ({0: 64.0}, 12.0, 5e-2),
+          "small_weight": ({}, 3e-3, 5e-2)},
     W4: {"small_activation": ({0: 1e-3}, 1e-4, 5e-2), "large_activation": ({0: 64.0}, 1.0, 5e-2)},
 }
 FORBIDDEN = {
@@ -101,6 +102,8 @@ def test_problem_loads_in_kernelboard_format_with_the_spec_grading(name: str) ->
     assert problem.shape_globals == {"M": "M", "N": "N", "K": "K"}
     assert problem.tolerance == TOLERANCE[name]
     assert {c.name: (c.scale, *c.tolerance["bfloat16"]) for c in problem.numeric_stress} == STRESS[name]
+    state_scaled = {c.name: c.state_scale for c in problem.numeric_stress if c.state_scale}
+    assert state_scaled == ({"small_weight": {"weight": 1e-2}} if name == FP8 else {})
     assert problem.forbidden == FORBIDDEN[name]
     assert len(problem.cpu_shapes) == 2
 
@@ -327,6 +330,18 @@ SUBMISSIONS = {  # run_id -> (problem, solution.py, expected status)
                 y = mm(x, self.weight.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
                 return (y * self.weight_scale).to(torch.bfloat16)
         """, "forbidden"),
+    # Dequantises `weight` once and keeps the copy: right on every call until the weights change.
+    "fp8_caches_dequantised_weight": (FP8, """\
+        import torch
+        import reference
+
+
+        class Model(reference.Model):
+            def forward(self, x):
+                if not hasattr(self, "cached"):
+                    self.cached = (self.weight.float() * self.weight_scale[:, None]).t().contiguous()
+                return (x.float() @ self.cached).to(torch.bfloat16)
+        """, "wrong"),
     "w4a16_reference": (W4, REFERENCE, "pass"),
     # Forgets the zero points: every weight is code·scale instead of (code − zero)·scale.
     "w4a16_ignores_zeros": (W4, """\
@@ -359,5 +374,6 @@ def test_cpu_grading_explains_the_failures(graded: dict[str, dict]) -> None:
     assert "out of tolerance" in graded["fp8_ignores_weight_scale"]["message"]
     assert "out of tolerance" in graded["w4a16_ignores_zeros"]["message"]
     assert "aten::_scaled_mm" in graded["fp8_scaled_mm_alias"]["message"]
+    assert "case small_weight" in graded["fp8_caches_dequantised_weight"]["message"]
     for run_id in ("fp8_reference", "w4a16_reference"):
         assert graded[run_id]["speedup_vs_compile"] > 0 and graded[run_id]["speedup_vs_eager"] > 0

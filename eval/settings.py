@@ -1,0 +1,67 @@
+"""The grader's settings, in one torch-free module: the grader imports them, the site prints them.
+
+`timing.py`, `judge.py`, `audit.py` (which import torch), `schedule.py` and `scoring.py` take
+these constants from here, so the methodology page (`sitegen/views_meta.py`) shows the values the
+grader actually runs with without importing torch. Change a value here and both follow.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kernelboard import __version__
+
+#: Written into every result and baseline row; cached rows of another version are re-measured.
+GRADER_VERSION = __version__
+
+#: The reference is timed eager and through torch.compile; the headline is the faster compile mode.
+BASELINE_VARIANTS: dict[str, tuple[str, ...]] = {"cuda": ("eager", "compile:default", "compile:max-autotune"),
+                                                 "cpu": ("eager", "compile:default")}
+#: The baseline variants a headline speedup may be measured against (the fastest that ran wins).
+HEADLINE_COMPILE_VARIANTS = ("compile:default", "compile:max-autotune")
+
+#: Input sets for baseline timing are fixed so cached baselines stay comparable across runs.
+BASELINE_TIMING_SEEDS = (2026, 2027)
+#: Shapes faster than this are launch-bound: their CUDA-graph replay time is reported beside them.
+LAUNCH_BOUND_MS = 0.2
+
+#: CUDA kernels that PyTorch, its compiler or a vendor library launch — not the candidate's own:
+#: by how their names begin, or (cuBLAS's batched TRSM, `batch_trsm_left_kernel<…>(cublasTrsm…)`,
+#: seen on an H200 with torch 2.11) by a vendor library's name anywhere in the signature.
+LIBRARY_KERNEL = re.compile(
+    r"^(void )?(at::|at_cuda_detail|\(anonymous namespace\)|c10::|cub::|cutlass::Kernel|cutlass_\d|cutlass3x_|"
+    r"sm\d+_xmma|nvjet|cublas|cudnn|ampere_|volta_|turing_|hopper_|gemv|gemmk|gemmSN_|magma_|"
+    r"internal::gemvx|dot_kernel|splitKreduce|triton_(poi|red|per|tem)_|Memcpy|Memset|memcpy|memset)"
+    r"|cublas|cusolver|cufft|cudnn|cusparse",
+    re.IGNORECASE,
+)
+#: Host-synchronised time above this multiple of the event median (+ slack) means escaped work.
+ESCAPE_FACTOR, ESCAPE_SLACK_MS = 1.5, 0.05
+
+#: The L2 flush buffer zeroed before every timed call is this many times the L2 size …
+L2_FLUSH_FACTOR = 2
+#: … and never smaller than this many bytes.
+MIN_FLUSH_BYTES = 1 << 24
+#: Timed calls rotate over at least this many input sets (an output cache cannot serve them).
+MIN_INPUT_SETS = 2
+#: Milliseconds of busy work that lift the GPU from idle clocks before anything is measured.
+SPIN_UP_MS = 200.0
+
+
+@dataclass(frozen=True)
+class TimerDefaults:
+    """A timer's default loop: warm-up until both limits pass, then rep_ms of calls within [min, max]."""
+
+    warmup_ms: float
+    min_warmup: int
+    rep_ms: float
+    min_iters: int
+    max_iters: int
+
+
+#: `timing.time_cuda` (CUDA events) and `timing.time_cpu` (perf_counter) defaults.
+CUDA_TIMER = TimerDefaults(warmup_ms=100.0, min_warmup=10, rep_ms=400.0, min_iters=20, max_iters=2000)
+CPU_TIMER = TimerDefaults(warmup_ms=50.0, min_warmup=3, rep_ms=200.0, min_iters=10, max_iters=200)
+#: Bytes written before each CPU timed call (a cache-sized buffer).
+CPU_FLUSH_BYTES = 64 << 20
