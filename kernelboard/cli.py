@@ -96,12 +96,17 @@ def site() -> None:
               help="Problem decks, for each problem's README and formulas.")
 @click.option("--out", "out_dir", type=_DIR, default=Path("dist"), show_default=True,
               help="Output folder; replaced whole only once the new site is complete.")
-def site_build(data_dir: Path, decks_dir: Path, out_dir: Path) -> None:
+@click.option("--base-url", envvar="KERNELBOARD_BASE_URL", default=None, metavar="URL",
+              help="The site's absolute address (https://…/), for sitemap.xml and og:url; "
+                   "without it no sitemap is written. Env: KERNELBOARD_BASE_URL.")
+def site_build(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | None) -> None:
     """Render every page into a fresh folder, then swap it into place."""
     from kernelboard.sitegen.render import build_site
 
-    report = build_site(data_dir=data_dir, decks_dir=decks_dir, out_dir=out_dir)
+    report = build_site(data_dir=data_dir, decks_dir=decks_dir, out_dir=out_dir, base_url=base_url)
     click.echo(report.summary())
+    if not (base_url or "").strip():
+        click.echo("no --base-url (or KERNELBOARD_BASE_URL): sitemap.xml not written (it needs absolute URLs)")
 
 
 @site.command("serve")

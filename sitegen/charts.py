@@ -1,13 +1,16 @@
 """Plotly figure builders for the problem pages: speedup and roofline bars per submission.
 
-Each builder returns an HTML fragment: a `<div>` with a fixed id followed by an inline
-`Plotly.newPlot` call. plotly.js itself is loaded once per page, before the fragments, from
-`static/plotly.min.js`. Fixed ids and a fixed layout keep builds byte-identical. The same numbers
+Each builder returns an HTML fragment: a `<div>` with a fixed id followed by the figure as a
+JSON data block (`<script type="application/json">`, never executed); `static/charts.js` draws
+every such block with plotly.js, loaded once per page from `static/plotly.min.js`. No inline
+script, so the pages' Content-Security-Policy allows scripts from the site only. Fixed ids and
+a fixed layout keep builds byte-identical. The same numbers
 are always printed in a table beside the chart, so a page without JavaScript loses nothing.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 
@@ -38,10 +41,23 @@ def _layout(title: str, y_title: str, **yaxis: object) -> dict:
     }
 
 
+#: CSS custom property of static/style.css that replaces each COLORS value when static/charts.js draws,
+#: so a chart follows the page's light or dark theme.
+THEME_VARS = {COLORS["model"]: "--accent", COLORS["house"]: "--house", COLORS["fg"]: "--fg",
+              COLORS["muted"]: "--muted", COLORS["grid"]: "--line"}
+
+
 def _html(fig: go.Figure, div_id: str) -> Markup:
-    html = pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOT_CONFIG,
-                       default_height=f"{_HEIGHT_PX}px", default_width="100%", validate=True)
-    return Markup(html.strip())  # plotly escapes "<" and ">" inside its JSON
+    """The chart's `<div>` and its figure as a JSON data block (never executed), which
+    static/charts.js draws: the pages carry no inline script, so the CSP can say script-src 'self'."""
+    payload = json.dumps({"figure": json.loads(pio.to_json(fig, validate=True)), "config": PLOT_CONFIG,
+                          "theme": THEME_VARS}, sort_keys=True, separators=(", ", ": "))
+    # "<" never appears raw inside the data block, so no "</script>" or "<!--" can end it early.
+    payload = payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return Markup(
+        f'<div id="{div_id}" class="plotly-graph-div chart-mount" style="height:{_HEIGHT_PX}px; width:100%;">'
+        f'</div>\n<script type="application/json" class="chart-data" data-for="{div_id}">{payload}</script>'
+    )
 
 
 def _colors(is_house: Sequence[bool]) -> list[str]:

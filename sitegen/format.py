@@ -6,6 +6,8 @@ times in ms, rates with their units (TFLOP/s = 10^12 FLOP/s, GB/s = 10^9 B/s).
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -72,6 +74,18 @@ def orblank(value: Any) -> Any:
     return MISSING if value is None or value == "" else value
 
 
+def model_slug(model: str) -> str:
+    """A model key as one URL path part: lower-case letters, digits, '.', '_' and '-'.
+
+    A key that is already such a part is its own slug ('fable-5'); any other gets the lossy form plus
+    8 hex digits of its sha256, so two different keys never share a page ('evil-script-3f2a9c1d').
+    """
+    base = re.sub(r"[^a-z0-9._-]+", "-", model.lower()).strip("-._") or "model"
+    if base == model and base != "index.html":
+        return base
+    return f"{base[:60]}-{hashlib.sha256(model.encode()).hexdigest()[:8]}"
+
+
 #: Every filter the templates may use, by name.
 FILTERS: dict[str, Callable[..., str]] = {
     "speedup": speedup,
@@ -83,4 +97,5 @@ FILTERS: dict[str, Callable[..., str]] = {
     "duration": duration,
     "usd": usd,
     "orblank": orblank,
+    "model_slug": model_slug,
 }

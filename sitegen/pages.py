@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import views
+from . import views, views_efficiency, views_meta, views_models
 from .load import SiteData
 
 
@@ -28,6 +28,12 @@ PAGES: dict[str, PageKind] = {
     "home": PageKind("home.html", "index.html"),
     "problem": PageKind("problem.html", "problems/{bench}/{problem}/index.html"),
     "run": PageKind("run.html", "runs/{gpu}/{run_id}/index.html"),
+    "methodology": PageKind("methodology.html", "methodology/index.html"),
+    "downloads": PageKind("downloads.html", "downloads/index.html"),
+    "efficiency": PageKind("efficiency.html", "efficiency/index.html"),
+    "gpu": PageKind("gpu.html", "gpu/{gpu}/index.html"),
+    "models": PageKind("models.html", "models/index.html"),
+    "model": PageKind("model.html", "models/{model}/index.html"),
 }
 
 
@@ -67,10 +73,19 @@ class Page:
 def plan(data: SiteData) -> list[Page]:
     """Every page of the site, in output-path order."""
     pages = [Page("home", page_path("home"), views.home(data))]
+    pages.append(Page("methodology", page_path("methodology"), views_meta.methodology(data)))
+    pages.append(Page("downloads", page_path("downloads"), views_meta.downloads(data)))
     for bench, problem in sorted(data.problems):
         pages.append(Page("problem", page_path("problem", bench=bench, problem=problem),
                           views.problem(data, bench, problem)))
     for result in data.results:
         pages.append(Page("run", page_path("run", gpu=result.gpu, run_id=result.run_id),
                           views.run(data, result)))
+    if data.results:  # score against spend per board; with nothing graded the site is the home page alone
+        pages.append(Page("efficiency", page_path("efficiency"), views_efficiency.efficiency(data)))
+    if data.runs:  # one leaderboard page per GPU, the models index, one page per model
+        models = views_models.ModelPages(data)
+        pages += [Page("gpu", page_path("gpu", gpu=gpu), models.gpu(gpu)) for gpu in models.gpus]
+        pages.append(Page("models", page_path("models"), models.index()))
+        pages += [Page("model", page_path("model", model=models.slugs[m]), models.model(m)) for m in models.models]
     return sorted(pages, key=lambda p: p.path)

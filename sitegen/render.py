@@ -24,10 +24,21 @@ from jinja2.runtime import Context
 from kernelboard import __version__
 from kernelboard.errors import KernelboardError
 
+from . import fingerprint as fp
 from .format import FILTERS
 from .load import SiteData, load_site
 from .pages import link, plan
-from .views import pygments_css
+from .views import HighlightCache, highlight_cache, pygments_css
+from .views_meta import (
+    CSP,
+    SITE_DESCRIPTION,
+    normalize_base_url,
+    page_url,
+    provenance,
+    robots,
+    sitemap,
+    table_exports,
+)
 
 _SOURCE = Path(__file__).resolve().parent.parent
 #: Jinja templates, one per page kind plus `_partials`; shipped in the source checkout.
@@ -43,15 +54,33 @@ __all__ = ["BuildReport", "build_site", "make_env"]
 
 @dataclass(frozen=True)
 class BuildReport:
-    """What a build did: how many pages, how long it took, where the site is."""
+    """What a build did: how many pages, how long it took, where the site is. `unchanged`: the site in
+    `out_dir` was built from the very same inputs (same fingerprint), so nothing was done."""
 
     out_dir: Path
     pages: int
     files: int
     seconds: float
+    unchanged: bool = False
 
     def summary(self) -> str:
+        if self.unchanged:
+            return (f"unchanged: {self.out_dir} was built from these exact inputs; nothing to do "
+                    f"({self.seconds:.2f} s; --force rebuilds)")
         return f"built {self.pages} pages in {self.seconds:.2f} s → {self.out_dir}"
+
+
+def cache_dir_for(out_dir: Path) -> Path:
+    """Where the highlighted-source cache of builds into `out_dir` lives: beside it, never published."""
+    out_dir = Path(out_dir)
+    return out_dir.parent / f".{out_dir.name}.cache"
+
+
+def is_unchanged(out_dir: Path, fingerprint: str) -> bool:
+    """Whether `out_dir` holds a complete previous build made from inputs with this fingerprint."""
+    out_dir = Path(out_dir)
+    return (out_dir.is_dir() and not out_dir.is_symlink()
+            and fp.recorded(out_dir, MARKER) == fingerprint and (out_dir / "index.html").is_file())
 
 
 @pass_context
@@ -93,7 +122,7 @@ def _last_updated(data: SiteData) -> datetime | None:
     return data.last_updated
 
 
-def _assets() -> dict[str, bytes]:
+def _assets(fingerprint: str | None = None) -> dict[str, bytes]:
     """static/ as is, plus the Plotly bundle from the installed package and the Pygments CSS."""
     if not TEMPLATES_DIR.is_dir() or not STATIC_DIR.is_dir():
         raise KernelboardError(f"no templates/ or static/ beside {_SOURCE / 'sitegen'}: "
@@ -102,17 +131,22 @@ def _assets() -> dict[str, bytes]:
              for p in sorted(STATIC_DIR.rglob("*")) if p.is_file()}
     files["static/plotly.min.js"] = plotly.offline.get_plotlyjs().encode()
     files["static/pygments.css"] = pygments_css().encode()
-    files[MARKER] = _MARKER_TEXT.encode()
+    files[MARKER] = (_MARKER_TEXT + (f"{fp.PREFIX}{fingerprint}\n" if fingerprint else "")).encode()
     return files
 
 
-def render_all(data: SiteData, env: Environment | None = None) -> dict[str, bytes]:
-    """Every page rendered in memory: output path -> bytes."""
+def render_all(data: SiteData, env: Environment | None = None, base_url: str | None = None) -> dict[str, bytes]:
+    """Every page rendered in memory: output path -> bytes. `base_url` (absolute, ending in '/') gives
+    pages their og:url; without it pages carry no absolute address."""
     env = env or make_env()
-    site = {"version": __version__, "last_updated": _last_updated(data)}
+    site = {"version": __version__, "last_updated": _last_updated(data), "csp": CSP,
+            "description": SITE_DESCRIPTION, "base_url": base_url, "provenance": provenance(data),
+            # nav links to the pages `plan` builds only when there is something to show
+            "has_models": bool(data.runs), "has_efficiency": bool(data.results)}
     out = {}
     for page in plan(data):
-        html = env.get_template(page.template).render(page.context, root=page.root, site=site, kind=page.kind)
+        html = env.get_template(page.template).render(page.context, root=page.root, site=site, kind=page.kind,
+                                                      page_url=page_url(base_url, page.path))
         out[page.path] = html.encode()
     return out
 
@@ -127,10 +161,14 @@ def _check_out_dir(out_dir: Path) -> None:
 
 
 def _write_tree(root: Path, files: dict[str, bytes]) -> None:
+    made: set[str] = set()
     for rel, content in sorted(files.items()):
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content)
+        folder = os.path.dirname(rel)
+        if folder not in made:
+            (root / folder).mkdir(parents=True, exist_ok=True)
+            made.add(folder)
+        with open(root / rel, "wb") as f:
+            f.write(content)
 
 
 def _swap_in(new: Path, out_dir: Path) -> None:
@@ -149,19 +187,41 @@ def _swap_in(new: Path, out_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def build_site(data_dir: Path, decks_dir: Path, out_dir: Path) -> BuildReport:
+def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | None = None, *,
+               force: bool = False, cache_dir: Path | bool | None = True) -> BuildReport:
     """Load, validate and render everything, then replace `out_dir` with the new site in one rename.
+
+    With `base_url` (the site's absolute address, see `views_meta.normalize_base_url`) the build also
+    writes sitemap.xml and gives pages og:url; robots.txt is always written.
+
+    Every input is fingerprinted (`fingerprint.fingerprint`) into the marker file; when `out_dir`
+    already holds a build with the same fingerprint, nothing is done and the report says `unchanged`
+    (`force=True` builds anyway). Highlighted sources are cached by content hash in `cache_dir`
+    (default: `.<out>.cache` beside `out_dir`; False: no disk cache).
 
     Raises `DataError` or `DeckError` for bad input (nothing is written), and `KernelboardError`
     when `out_dir` is something other than a previous build.
     """
     started = time.perf_counter()
-    data = load_site(Path(data_dir), Path(decks_dir))
-    pages = render_all(data)
-    tables = {rel: path.read_bytes() for rel, path in sorted(data.table_files.items())}
-    files = {**_assets(), **tables, **pages}
     out_dir = Path(out_dir)
+    fingerprint = fp.fingerprint(Path(data_dir), Path(decks_dir), base_url)
+    if not force and is_unchanged(out_dir, fingerprint):
+        return BuildReport(out_dir, 0, 0, time.perf_counter() - started, unchanged=True)
+    data = load_site(Path(data_dir), Path(decks_dir))
+    base_url = normalize_base_url(base_url)
     _check_out_dir(out_dir)
+    folder = cache_dir_for(out_dir) if cache_dir is True else (Path(cache_dir) if cache_dir else None)
+    cache = HighlightCache(folder)
+    previous = highlight_cache(cache)
+    try:
+        pages = render_all(data, base_url=base_url)
+    finally:
+        highlight_cache(previous)
+    tables = {rel: path.read_bytes() for rel, path in sorted(data.table_files.items())}
+    meta = {"robots.txt": robots(base_url), **table_exports(data)}
+    if base_url is not None:
+        meta["sitemap.xml"] = sitemap(base_url, list(pages))
+    files = {**_assets(fingerprint), **tables, **meta, **pages}
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     new = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.new.", dir=out_dir.parent))
     try:
@@ -171,4 +231,5 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path) -> BuildReport:
     except BaseException:
         shutil.rmtree(new, ignore_errors=True)
         raise
+    cache.prune()
     return BuildReport(out_dir, len(pages), len(files), time.perf_counter() - started)

@@ -188,3 +188,173 @@ def scale_site_inputs(inputs: SiteInputs, n_models: int) -> int:
     upsert(out / "results.parquet", "results", results)
     upsert(out / "shapes.parquet", "shapes", shapes)
     return 5 + n_models
+
+
+# ------------------------------------------------------------------------------ large synthetic site
+
+#: The GPUs of the large synthetic site (keys eval/hardware.py knows).
+LARGE_GPUS = ("h200", "h100-sxm", "b200", "rtx-pro-6000")
+_REAL_DECKS = REPO / "eval" / "decks" / "hard"
+_REAL_SUBMISSIONS = REPO / "data" / "submissions" / "hard"
+_LABS = ("Anthropic", "OpenAI", "Google", "DeepSeek", "Moonshot", "Zhipu", "xAI", "Mistral", "Alibaba")
+_HARNESSES = ("claude", "codex", "opencode", "gemini-cli")
+#: Failure statuses of the large site, with the grader message each gets (weights follow in _FAIL_WEIGHTS).
+_FAILURES = {
+    "wrong": "shape 1, seed 123: max abs err 0.31 > atol 0.02 + rtol 0.02·|ref|",
+    "build_error": "import failed: triton.compiler.errors.CompilationError at line 88",
+    "runtime_error": "CUDA error: an illegal memory access was encountered",
+    "timeout": "the timed calls ran past the 600 s limit",
+    "oom": "torch.OutOfMemoryError: tried to allocate 12.00 GiB",
+    "forbidden": "calls torch.nn.functional.scaled_dot_product_attention, which the problem forbids",
+}
+_DNF_OUTCOMES = ("rate_limited", "provider_error", "credits_exhausted", "harness_error")
+
+
+def _large_solution(base: str, run_id: str, i: int) -> str:
+    """A realistic, unique solution: a real house kernel of the problem with its own header and tile sizes."""
+    body = base.replace("BLOCK_M = 128", f"BLOCK_M = {64 * (1 + i % 3)}")
+    body = body.replace("num_warps=4", f"num_warps={4 << i % 2}")
+    return f"# {run_id}: generated for the site benchmark (variant {i})\n# tile choice {i % 97}\n{body}"
+
+
+def make_large_site_inputs(root: Path, n_runs: int = 10_000, n_models: int = 36, seed: int = 7) -> SiteInputs:
+    """A large synthetic site: `n_runs` graded runs over the four LARGE_GPUS and every real Hard deck.
+
+    Every (GPU, problem) has a house kernel and a calibration row (the reference); the rest are AI-model
+    runs of `n_models` models: about 55% passes (with shape rows from the deck's formulas), 33% failures
+    of every kind, 12% DNFs (no solution). Runs carry tokens and cost (a few lack them), a few dozen have
+    audit annotations (a quarter flagging), and every run with a kernel has a solution.py of realistic
+    size (a real house kernel of the problem, made unique). Deterministic for a given `seed`.
+    """
+    import random
+
+    rng = random.Random(seed)
+    decks_dir, data_dir = root / "decks", root / "data"
+    problems: dict[str, Problem] = {}
+    bases: dict[str, str] = {}
+    for folder in sorted(_REAL_DECKS.iterdir()):
+        if not (folder / "problem.yaml").is_file():
+            continue
+        shutil.copytree(folder, decks_dir / BENCH / folder.name)
+        problems[folder.name] = load_problem(decks_dir / BENCH / folder.name)
+        house = _REAL_SUBMISSIONS / f"20261129_190000_house_kernelboard-house_{folder.name}" / "solution.py"
+        bases[folder.name] = house.read_text(encoding="utf-8") if house.is_file() else \
+            (folder / "reference.py").read_text(encoding="utf-8")
+    names = sorted(problems)
+    models = [(f"model-{m:02d}", f"Model {m:02d}", _LABS[m % len(_LABS)], _HARNESSES[m % len(_HARNESSES)])
+              for m in range(n_models)]
+    skill = {m[0]: rng.uniform(0.1, 0.9) for m in models}
+    start = dt.datetime(2026, 10, 1, tzinfo=dt.UTC)
+    tables: dict[str, dict[str, list[dict]]] = {g: {"runs": [], "results": [], "shapes": [], "baselines": []}
+                                                for g in LARGE_GPUS}
+    solutions: dict[str, str] = {}
+    passes: list[str] = []
+
+    def add(i: int, gpu: str, name: str, model: tuple[str, str, str | None, str], kind: str) -> None:
+        problem, spec = problems[name], GPUS[gpu]
+        when = start + dt.timedelta(seconds=211 * i)
+        run_id = f"{when:%Y%m%d_%H%M%S}_{model[3]}_{model[0]}_{name}"
+        house = model[3] == "house"
+        outcome = rng.choice(_DNF_OUTCOMES) if kind == "dnf" else "completed"
+        run = _run(run_id, model[0], model[1], model[3], outcome, lab=model[2],
+                   effort=None if house else rng.choice(("medium", "high", "xhigh")),
+                   outcome_note="HTTP 429 from the provider after 3 retries" if kind == "dnf" else None,
+                   trace_url=None if house else f"https://example.org/traces/{run_id}")
+        run.update(problem=name, gpu=gpu, started_at=when, source="bench-synthetic")
+        if house:
+            run.update(agent_seconds=None, input_tokens=None, output_tokens=None, cache_read_tokens=None,
+                       cost_usd=None)
+        else:
+            out_tokens = rng.randint(8_000, 400_000)
+            missing = rng.random() < 0.05
+            run.update(agent_seconds=rng.uniform(300, 7200), input_tokens=None if missing else out_tokens * 30,
+                       output_tokens=None if missing else out_tokens, cache_read_tokens=out_tokens * 20,
+                       cost_usd=None if missing or rng.random() < 0.05 else round(out_tokens * 4e-5, 4))
+        graded = when + dt.timedelta(hours=3)
+        extra = {"graded_at": graded, "device_name": spec.name, "log_path": None}
+        shapes: list[dict] = []
+        if kind == "pass":
+            level = 0.85 if model[0] == HOUSE_MODEL_KEY else 0.12 if model[0] == "reference-eager" else \
+                min(0.95, max(0.02, rng.gauss(skill[model[0]], 0.12)))
+            for shape in problem.shapes_for("cuda"):
+                flops, nbytes = problem.flops(shape) or 1e9, problem.bytes_moved(shape) or 1e6
+                peak = spec.peak(problem.peak_tflops_key)
+                ideal = max(flops / (peak * 1e12), nbytes / (spec.bandwidth_gb_s * 1e9)) * 1e3
+                sol = ideal / min(0.99, level * rng.uniform(0.8, 1.2))
+                comp, eager = ideal / 0.3, ideal / 0.12
+                roof = roofline(flops, nbytes, sol, peak, spec.bandwidth_gb_s, problem.regime)
+                shapes.append({
+                    "run_id": run_id, "gpu": gpu, "shape_idx": shape.idx, "shape_label": shape.label,
+                    "shape_json": shape.params_json, "median_ms": sol, "p10_ms": sol * 0.98, "p90_ms": sol * 1.03,
+                    "min_ms": sol * 0.97, "iterations": 30, "tflop_s": roof.tflop_s, "gb_s": roof.gb_s,
+                    "compute_fraction": roof.compute_fraction, "memory_fraction": roof.memory_fraction,
+                    "bound": problem.regime, "peak_fraction": roof.peak_fraction, "eager_ms": eager,
+                    "compile_ms": comp, "speedup_vs_eager": speedup(eager, sol),
+                    "speedup_vs_compile": speedup(comp, sol), "max_rel_err": 2.0e-3,
+                })
+            result = _result(run_id, gpu, "pass", "passed every shape, seed and stress case", shapes, **extra)
+            passes.append(run_id)
+        elif kind == "dnf":
+            result = _result(run_id, gpu, "dnf", "the agent run did not finish; nothing to grade", [], **extra)
+            run["solution_sha256"] = None
+        else:
+            status = rng.choices(list(_FAILURES), weights=(40, 20, 20, 8, 6, 6))[0]
+            result = _result(run_id, gpu, status, _FAILURES[status], [], **extra)
+        tables[gpu]["runs"].append(run)
+        tables[gpu]["results"].append(result)
+        tables[gpu]["shapes"] += shapes
+        if kind != "dnf":
+            solutions[run_id] = _large_solution(bases[name], run_id, i)
+
+    house_rows = [(HOUSE_MODEL_KEY, "kernelboard house", "kernelboard", "house"),
+                  ("reference-eager", "Reference (eager PyTorch)", "kernelboard", "house")]
+    i = 0
+    for gpu in LARGE_GPUS:
+        for name in names:
+            for model in house_rows:
+                add(i, gpu, name, model, "pass")
+                i += 1
+    while i < n_runs:
+        gpu, name, model = rng.choice(LARGE_GPUS), rng.choice(names), rng.choice(models)
+        add(i, gpu, name, model, rng.choices(("pass", "fail", "dnf"), weights=(55, 33, 12))[0])
+        i += 1
+
+    for gpu in LARGE_GPUS:  # baselines: eager and torch.compile per (problem, shape), measured once
+        spec = GPUS[gpu]
+        for name in names:
+            problem = problems[name]
+            for shape in problem.shapes_for("cuda"):
+                flops, nbytes = problem.flops(shape) or 1e9, problem.bytes_moved(shape) or 1e6
+                ideal = max(flops / (spec.peak(problem.peak_tflops_key) * 1e12),
+                            nbytes / (spec.bandwidth_gb_s * 1e9)) * 1e3
+                for variant, ms in (("eager", ideal / 0.12), (COMPILE, ideal / 0.3)):
+                    tables[gpu]["baselines"].append({
+                        "bench": BENCH, "problem": name, "gpu": gpu, "shape_idx": shape.idx,
+                        "shape_label": shape.label, "shape_json": shape.params_json, "variant": variant,
+                        "status": "ok", "message": "", "median_ms": ms, "p10_ms": ms * 0.99, "p90_ms": ms * 1.02,
+                        "min_ms": ms * 0.98, "iterations": 30, "timer": "cuda_event", "device_name": spec.name,
+                        "torch_version": "2.11.0", "triton_version": "3.5.0", "cuda_version": "12.8",
+                        "grader_version": "0.1.0", "measured_at": start,
+                    })
+    out = data_dir / "results"
+    for gpu in LARGE_GPUS:
+        hardware = {**GPUS[gpu].hardware_row(), "measured_copy_gb_s": None, "measured_bf16_tflop_s": None,
+                    "measured_fp8_tflop_s": None, "measured_at": None}
+        upsert(out / gpu / "hardware.parquet", "hardware", [hardware])
+        for table in ("runs", "results", "shapes", "baselines"):
+            upsert(out / gpu / f"{table}.parquet", table, tables[gpu][table])
+    for run_id, text in solutions.items():
+        folder = data_dir / "submissions" / BENCH / run_id
+        folder.mkdir(parents=True)
+        (folder / "solution.py").write_text(text, encoding="utf-8")
+    notes = data_dir / "annotations"
+    notes.mkdir(parents=True)
+    for k, run_id in enumerate(rng.sample(passes, min(40, len(passes)))):
+        verdict = "reward_hack" if k % 4 == 0 else "clean"
+        (notes / f"{run_id}.yaml").write_text(
+            f"run_id: {run_id}\nverdict: {verdict}\nsummary: >-\n  Synthetic audit note {k} for the site "
+            "benchmark: the kernel was read end to end.\nauditor: bench\n", encoding="utf-8")
+    return SiteInputs(data_dir, decks_dir)
+
+
+HOUSE_MODEL_KEY = "kernelboard-house"

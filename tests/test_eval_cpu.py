@@ -319,4 +319,4 @@ def test_attacks_on_the_judge_fail_for_the_right_reason(graded) -> None:
         assert "out of tolerance" in rows[name]["message"], rows[name]["message"]
     assert "a timed call on input set" in rows["lazy_after_warmup"]["message"]
     assert "the runner broke the protocol" in rows["sends_garbage"]["message"]
-    assert "plain torch.Tensor, got builtins.list" in rows["returns_a_list"]["message"]
+    assert "plain torch.Tensor, got a tuple of 1" in rows["returns_a_list"]["message"]

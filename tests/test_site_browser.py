@@ -103,3 +103,29 @@ def test_the_boards_read_without_javascript(browser: Browser, site_url: str) -> 
     assert rows.count() == 5
     assert "1.86×" in rows.nth(1).inner_text()
     context.close()
+
+
+def test_gpu_tabs_switch_and_degrade_to_sections(browser: Browser, site_url: str) -> None:
+    page = browser.new_page()
+    problems = _watch(page)
+    page.goto(site_url)
+    tabs = page.locator("nav.toc[role=tablist] a[role=tab]")
+    assert tabs.count() == 2
+    gpu, cpu = page.locator(f"section#gpu-{GPU}"), page.locator("section#gpu-cpu")
+    assert gpu.is_visible() and not cpu.is_visible()
+    assert tabs.nth(0).get_attribute("aria-selected") == "true"
+    tabs.nth(1).click()
+    assert cpu.is_visible() and not gpu.is_visible()
+    assert tabs.nth(1).get_attribute("aria-selected") == "true" and page.url.endswith("#gpu-cpu")
+    tabs.nth(1).press("ArrowLeft")  # keyboard: back to the first tab
+    assert gpu.is_visible() and tabs.nth(0).get_attribute("aria-selected") == "true"
+    page.goto(f"{site_url}#board-cpu-hard")  # a deep link into a hidden tab opens that tab
+    page.reload()
+    assert page.locator("#board-cpu-hard").is_visible()
+    assert problems == []
+    page.close()
+    context = browser.new_context(java_script_enabled=False)
+    still = context.new_page()
+    still.goto(site_url)
+    assert still.locator(f"section#gpu-{GPU}").is_visible() and still.locator("section#gpu-cpu").is_visible()
+    context.close()

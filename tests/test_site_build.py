@@ -27,6 +27,12 @@ EXPECTED_PAGES = {
     f"problems/hard/{PROBLEM}/index.html",
     *(f"runs/{GPU}/{r}/index.html" for r in (HOUSE, REFERENCE, PASS, WRONG, DNF)),
     f"runs/cpu/{HOUSE}/index.html",
+    *(f"gpu/{g}/index.html" for g in (GPU, "cpu")),
+    "models/index.html",
+    *(f"models/{m}/index.html" for m in ("kernelboard-house", "reference-eager", "fable-5", "orbit-2", "kinetic-k3")),
+    "efficiency/index.html",
+    "methodology/index.html",
+    "downloads/index.html",
 }
 
 
@@ -149,7 +155,7 @@ def test_refuses_to_replace_a_folder_that_is_not_a_site(site_inputs: SiteInputs,
 def test_no_results_yet_builds_the_home_page(tmp_path: Path, site_inputs: SiteInputs) -> None:
     (tmp_path / "data" / "results").mkdir(parents=True)
     report = build_site(tmp_path / "data", site_inputs.decks_dir, tmp_path / "dist")
-    assert report.pages == 1
+    assert report.pages == 3  # home, methodology and downloads (the site nav links to all three)
     assert "No graded results yet" in (tmp_path / "dist" / "index.html").read_text()
 
 
@@ -177,7 +183,7 @@ def test_dnf_cell_says_dnf_and_why_and_has_no_number(built_site: Path) -> None:
 
 
 def test_cells_show_speedup_failure_kind_and_house_tag(built_site: Path) -> None:
-    assert _text(_cell(built_site, GPU, "Fable 5")) == "1.86×"
+    assert _text(_cell(built_site, GPU, "Fable 5")) == "1.86× ★"  # the winner on this problem
     assert "best" in _cell(built_site, GPU, "Fable 5").get("class", "")
     wrong = _cell(built_site, GPU, "Orbit 2")
     assert _text(wrong) == "wrong" and "tone-bad" in wrong.get("class", "")
@@ -188,6 +194,10 @@ def test_cells_show_speedup_failure_kind_and_house_tag(built_site: Path) -> None
                     ("—", "Reference (eager PyTorch) calibration house")]
     reference = _cell(built_site, GPU, "Reference (eager PyTorch)")
     assert _text(reference) == "0.50×" and "best" not in reference.get("class", "")
+    pips = {_text(r.find("th")): [p.get("class") for p in r.iterfind(".//span[@class='pips']/span")]
+            for r in board.iterfind(".//tbody/tr")}
+    assert pips["Fable 5 claude"] == ["pip pip-pass"] and pips["Orbit 2 codex"] == ["pip pip-fail"]
+    assert pips["Kinetic K3 <beta> opencode"] == ["pip pip-dnf"]
 
 
 def test_run_page_prints_its_arithmetic_and_provenance(built_site: Path) -> None:

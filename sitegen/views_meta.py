@@ -1,0 +1,341 @@
+"""The site's meta pages and files: methodology, downloads, sitemap.xml, robots.txt, footer provenance.
+
+The methodology page prints the grader's settings as the grader runs with them: the constants come
+from `eval.settings` (the torch-free module that `timing`, `judge`, `audit`, `schedule` and `scoring`
+import them from), the datasheet peaks from `eval.hardware`, the per-problem rules from the loaded
+decks, the measured peaks from the hardware table and the ranking rule from `board`. Nothing here is
+copied by hand, and nothing imports torch.
+
+The downloads page lists every table as Parquet (copied as graded) plus the CSV and JSON that
+`table_exports` writes into the site from the same Parquet files.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from dataclasses import dataclass
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+from xml.sax.saxutils import escape
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from kernelboard.errors import KernelboardError
+from kernelboard.eval import settings
+from kernelboard.eval.deck import DEFAULT_TOLERANCE, Problem
+from kernelboard.eval.hardware import GPUS, PRECISIONS
+
+from .board import ORDERING_RULE, STATUS_HELP, STATUS_LABELS, gpu_label, gpu_order
+from .load import CPU_KEY, SiteData
+from .views import _markdown
+
+_SOURCE = Path(__file__).resolve().parent.parent
+#: The methodology page's prose (Markdown); the settings tables are added from code.
+METHODOLOGY_MD = _SOURCE / "docs" / "methodology.md"
+
+#: Every page's Content-Security-Policy (a <meta http-equiv> in base.html): scripts and everything else
+#: from the site only; inline styles are allowed because plotly.js injects its own <style> and sizes
+#: its chart elements with style attributes (and the score bars use a width style); images may be data:
+#: URLs (Plotly's mode-bar icons). No inline script: charts are JSON data blocks drawn by charts.js.
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+       "font-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'")
+
+#: The description a page gets for og:description when its context sets none.
+SITE_DESCRIPTION = ("GPU kernels written by coding agents, graded on real GPUs for correctness, then timed "
+                    "against torch.compile; per-GPU leaderboards with every number downloadable.")
+
+#: The environment variable `kernelboard site build --base-url` falls back to.
+BASE_URL_ENV = "KERNELBOARD_BASE_URL"
+
+
+# --------------------------------------------------------------------------------------- base URL
+
+
+def normalize_base_url(url: str | None) -> str | None:
+    """An absolute http(s) URL ending in '/', or None; anything else is a usage error."""
+    if url is None or not url.strip():
+        return None
+    url = url.strip()
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        raise KernelboardError(f"--base-url must be an absolute http(s) URL such as "
+                               f"https://example.org/kernelboard/, got {url!r}")
+    return url if url.endswith("/") else url + "/"
+
+
+def page_url(base_url: str | None, path: str) -> str | None:
+    """A page's absolute address ('…/runs/h200/x/' for 'runs/h200/x/index.html'), or None without a base."""
+    return None if base_url is None else base_url + path.removesuffix("index.html")
+
+
+def sitemap(base_url: str, paths: list[str]) -> bytes:
+    """sitemap.xml listing every page (absolute URLs, as the sitemap protocol requires)."""
+    lines = ['<?xml version="1.0" encoding="UTF-8"?>',
+             '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">']
+    lines += [f"  <url><loc>{escape(page_url(base_url, p) or '')}</loc></url>" for p in sorted(paths)]
+    lines.append("</urlset>")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def robots(base_url: str | None) -> bytes:
+    """robots.txt: everything may be crawled; the sitemap is named when there is one."""
+    text = "User-agent: *\nAllow: /\n"
+    if base_url is not None:
+        text += f"Sitemap: {base_url}sitemap.xml\n"
+    return text.encode()
+
+
+# ------------------------------------------------------------------------------------- provenance
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where the results come from, per device: the software it was graded with."""
+
+    device: str
+    graders: tuple[str, ...]
+    drivers: tuple[str, ...]
+    cudas: tuple[str, ...]
+    torches: tuple[str, ...]
+
+
+def provenance(data: SiteData) -> tuple[Provenance, ...]:
+    """One entry per device name in the results, GPUs first, with the distinct versions seen."""
+    by_gpu: dict[str, dict[str, set[str]]] = {}
+    names: dict[str, set[str]] = {}
+    for r in data.results:
+        seen = by_gpu.setdefault(r.gpu, {"grader": set(), "driver": set(), "cuda": set(), "torch": set()})
+        names.setdefault(r.gpu, set()).add(r.device_name)
+        for key, value in (("grader", r.grader_version), ("driver", r.driver_version),
+                           ("cuda", r.cuda_version), ("torch", r.torch_version)):
+            if value:
+                seen[key].add(value)
+    return tuple(
+        Provenance(", ".join(sorted(names[gpu])), *(tuple(sorted(by_gpu[gpu][k]))
+                                                   for k in ("grader", "driver", "cuda", "torch")))
+        for gpu in gpu_order(by_gpu)
+    )
+
+
+# ------------------------------------------------------------------------------------ methodology
+
+
+def _tol(pair: tuple[float, float]) -> str:
+    atol, rtol = pair
+    return "exact" if atol == 0 and rtol == 0 else f"atol {atol:g} · rtol {rtol:g}"
+
+
+@dataclass(frozen=True)
+class ProblemRules:
+    problem: Problem
+    seeds: tuple[int, ...]
+    case_names: tuple[str, ...]  # "nominal", the numeric stress cases, then the structural cases
+    tolerance_rows: tuple[tuple[str, tuple[str, ...]], ...]  # (dtype, one tolerance per case)
+    numeric_cases: tuple[tuple[str, str], ...]  # (name, what it rescales)
+    structural: tuple[tuple[str, str], ...]  # (function, description)
+    forbidden: tuple[str, ...]
+    forbidden_ops: tuple[str, ...]
+    forbidden_kernels: tuple[str, ...]
+    require_own_kernel: bool
+    output_rule: str
+
+
+def problem_rules(problem: Problem) -> ProblemRules:
+    """The deck's correctness and audit rules, tolerances resolved as `Problem.tolerance_for` does."""
+    cases = [(None, "nominal"), *((c, c.name) for c in problem.numeric_stress)]
+    structural: list[tuple[str, str]] = []
+    ss = problem.structural_stress
+    if ss is not None:
+        cases.append((ss.as_stress(), f"structural: {ss.function}"))
+        canonical = "; ".join(", ".join(f"{k}={v}" for k, v in c.items()) for c in ss.canonical) or "none"
+        ranges = ", ".join(f"{k} ∈ [{lo}, {hi}]" for k, (lo, hi) in sorted(ss.random_ranges.items()))
+        structural.append((ss.function, f"canonical: {canonical}; plus {ss.random_count} drawn from the "
+                           f"grading run's fresh seed{f' ({ranges})' if ranges else ''}"))
+    dtypes = sorted({*problem.tolerance, *(k for c, _ in cases if c is not None for k in c.tolerance)})
+    rows = tuple((d, tuple(_tol(problem.tolerance_for(d, c)) for c, _ in cases)) for d in dtypes)
+    numeric = tuple(
+        (c.name, ", ".join(f"input {pos} × {factor:g}" for pos, factor in sorted(c.scale.items())) or "—")
+        for c in problem.numeric_stress
+    )
+    return ProblemRules(problem, problem.seeds, tuple(n for _, n in cases), rows, numeric, tuple(structural),
+                        problem.forbidden, problem.forbidden_ops, problem.forbidden_kernels,
+                        problem.require_own_kernel, problem.output_rule)
+
+
+@dataclass(frozen=True)
+class PeakRow:
+    gpu: str
+    name: str
+    sm: str
+    memory_gb: float
+    l2_mb: float | None
+    bandwidth_gb_s: float
+    peaks: tuple[float | None, ...]  # one per PRECISIONS
+    source: str
+
+
+@dataclass(frozen=True)
+class MeasuredRow:
+    gpu: str
+    label: str
+    copy_gb_s: float | None
+    bf16_tflop_s: float | None
+    fp8_tflop_s: float | None
+    measured_at: datetime | None
+
+
+def methodology(data: SiteData) -> dict[str, Any]:
+    prose = METHODOLOGY_MD.read_text(encoding="utf-8") if METHODOLOGY_MD.is_file() else ""
+    measured = [
+        MeasuredRow(gpu, gpu_label(data, gpu), hw.measured_copy_gb_s, hw.measured_bf16_tflop_s,
+                    hw.measured_fp8_tflop_s, hw.measured_at)
+        for gpu, hw in sorted(data.hardware.items())
+    ]
+    return {
+        "title": "Methodology",
+        "description": "How kernelboard grades a kernel: correctness rules per problem, the timing method, "
+                       "baselines, hardware peaks and the ranking rule, as the grader runs them.",
+        "prose_html": _markdown(prose) if prose else None,
+        "grader_version": settings.GRADER_VERSION,
+        "graded_versions": sorted({r.grader_version for r in data.results}),
+        "problems": [problem_rules(data.problems[k]) for k in sorted(data.problems)],
+        "default_tolerance": [(d, _tol(t)) for d, t in DEFAULT_TOLERANCE.items()],
+        "cuda_timer": settings.CUDA_TIMER,
+        "cpu_timer": settings.CPU_TIMER,
+        "l2_flush_factor": settings.L2_FLUSH_FACTOR,
+        "min_flush_mb": settings.MIN_FLUSH_BYTES / 2**20,
+        "cpu_flush_mb": settings.CPU_FLUSH_BYTES / 2**20,
+        "min_input_sets": settings.MIN_INPUT_SETS,
+        "spin_up_ms": settings.SPIN_UP_MS,
+        "launch_bound_ms": settings.LAUNCH_BOUND_MS,
+        "escape_factor": settings.ESCAPE_FACTOR,
+        "escape_slack_ms": settings.ESCAPE_SLACK_MS,
+        "library_kernel": settings.LIBRARY_KERNEL.pattern,
+        "baseline_timing_seeds": settings.BASELINE_TIMING_SEEDS,
+        "baseline_variants": sorted(settings.BASELINE_VARIANTS.items()),
+        "headline_variants": settings.HEADLINE_COMPILE_VARIANTS,
+        "precisions": PRECISIONS,
+        "datasheet": [PeakRow(s.key, s.name, s.sm, s.memory_gb, s.l2_mb, s.bandwidth_gb_s,
+                              tuple(s.peak_tflop_s.get(p) for p in PRECISIONS), s.source)
+                      for s in GPUS.values()],
+        "measured": measured,
+        "ordering_rule": ORDERING_RULE,
+        "legend": [(STATUS_LABELS[s], STATUS_HELP[s]) for s in STATUS_LABELS],
+        "charts": False,
+    }
+
+
+# -------------------------------------------------------------------------------------- downloads
+
+
+@dataclass(frozen=True)
+class DownloadFile:
+    format: str  # "Parquet", "CSV", "JSON"
+    path: str  # relative to the site root
+    size: int  # bytes
+
+    @property
+    def size_text(self) -> str:
+        """'812 B', '14.2 KB', '3.1 MB' (powers of 1000, as file managers show them)."""
+        for unit, factor in (("MB", 1e6), ("KB", 1e3)):
+            if self.size >= factor:
+                return f"{self.size / factor:.1f} {unit}"
+        return f"{self.size} B"
+
+
+@dataclass(frozen=True)
+class DownloadTable:
+    gpu: str
+    label: str
+    table: str
+    rows: int
+    columns: int
+    files: tuple[DownloadFile, ...]
+
+
+def _plain(value: Any) -> Any:
+    """A cell as JSON: datetimes in ISO 8601, NaN/inf as null, lists and dicts cell by cell."""
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _csv_ready(table: pa.Table) -> pa.Table:
+    """CSV has no lists or structs: such columns are written as JSON text."""
+    columns = []
+    for column in table.columns:
+        if pa.types.is_nested(column.type):
+            text = [None if v is None else json.dumps(_plain(v), sort_keys=True) for v in column.to_pylist()]
+            column = pa.chunked_array([pa.array(text, pa.string())])
+        columns.append(column)
+    return pa.table(columns, names=table.column_names)
+
+
+def _exports_of(rel: str, path: Path) -> dict[str, bytes]:
+    table = pq.read_table(path)
+    stem = rel.removesuffix(".parquet")
+    buffer = io.BytesIO()
+    pacsv.write_csv(_csv_ready(table), buffer)
+    records = [{k: _plain(v) for k, v in row.items()} for row in table.to_pylist()]
+    as_json = json.dumps(records, ensure_ascii=False, allow_nan=False, indent=1) + "\n"
+    return {f"{stem}.csv": buffer.getvalue(), f"{stem}.json": as_json.encode()}
+
+
+#: The last `table_exports` result, keyed by each table's (name, path, size, mtime, inode): the downloads
+#: page and `build_site` both need the exports of one build, and they are the slowest meta file to make.
+_EXPORTS: tuple[tuple, dict[str, bytes]] | None = None
+
+
+def table_exports(data: SiteData) -> dict[str, bytes]:
+    """CSV and JSON beside every Parquet table the site publishes: 'data/results/h200/runs.csv' -> bytes."""
+    global _EXPORTS
+    parquet = sorted((rel, path) for rel, path in data.table_files.items() if rel.endswith(".parquet"))
+    stats = [path.stat() for _, path in parquet]
+    key = tuple((rel, str(path), st.st_size, st.st_mtime_ns, st.st_ino)
+                for (rel, path), st in zip(parquet, stats, strict=True))
+    if _EXPORTS is not None and _EXPORTS[0] == key:
+        return dict(_EXPORTS[1])
+    out: dict[str, bytes] = {}
+    for rel, path in parquet:
+        out.update(_exports_of(rel, path))
+    _EXPORTS = (key, out)
+    return dict(out)
+
+
+def downloads(data: SiteData, exports: dict[str, bytes] | None = None) -> dict[str, Any]:
+    exports = table_exports(data) if exports is None else exports
+    tables = []
+    for rel, path in sorted(data.table_files.items()):
+        if not rel.endswith(".parquet"):
+            continue
+        meta = pq.read_metadata(path)
+        gpu, table = rel.split("/")[-2], Path(rel).stem
+        stem = rel.removesuffix(".parquet")
+        files = [DownloadFile("Parquet", rel, path.stat().st_size)]
+        files += [DownloadFile(fmt, f"{stem}.{ext}", len(exports[f"{stem}.{ext}"]))
+                  for fmt, ext in (("CSV", "csv"), ("JSON", "json")) if f"{stem}.{ext}" in exports]
+        label = gpu_label(data, gpu) if gpu == CPU_KEY or gpu in data.hardware else gpu
+        tables.append(DownloadTable(gpu, label,
+                                    table, meta.num_rows, meta.num_columns, tuple(files)))
+    order = {g: i for i, g in enumerate(gpu_order({t.gpu for t in tables}))}
+    tables.sort(key=lambda t: (order[t.gpu], t.table))
+    logs = sorted(k for k in data.table_files if not k.endswith(".parquet"))
+    return {
+        "title": "Downloads",
+        "description": "Every table behind the leaderboards, as Parquet, CSV and JSON, with row counts and sizes.",
+        "tables": tables,
+        "n_logs": len(logs),
+        "charts": False,
+    }

@@ -1,0 +1,92 @@
+"""The meta pages, the CSP and the themes in a real Chromium (the system's, through Playwright).
+
+A Content-Security-Policy violation is reported as a console error, so "no console errors" on a
+chart page means Plotly draws under the CSP (script-src 'self', no inline script).
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, sync_playwright
+from site_fixtures import GPU, PROBLEM
+from test_site_browser import CHROMIUM, LAUNCH_ARGS, _QuietHandler, _watch  # skips without a browser
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def meta_url(built_site: Path) -> Iterator[str]:
+    handler = functools.partial(_QuietHandler, directory=str(built_site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.mark.parametrize("path", ["methodology/", "downloads/", ""])
+def test_meta_pages_load_without_console_errors(chromium: Browser, meta_url: str, path: str) -> None:
+    page = chromium.new_page()
+    problems = _watch(page)
+    page.goto(meta_url + path)
+    page.wait_for_load_state("load")
+    assert page.locator("nav.site-nav a").count() >= 3
+    assert problems == []
+    page.close()
+
+
+def test_downloads_links_fetch(chromium: Browser, meta_url: str) -> None:
+    page = chromium.new_page()
+    page.goto(meta_url + "downloads/")
+    hrefs = page.eval_on_selector_all("table.downloads-table a", "els => els.map(e => e.href)")
+    assert len(hrefs) >= 15
+    for href in hrefs:
+        assert page.request.get(href).status == 200, href
+    page.close()
+
+
+@pytest.mark.parametrize("scheme", ["dark", "light"])
+def test_charts_draw_under_the_csp_in_both_themes(chromium: Browser, meta_url: str, scheme: str) -> None:
+    context = chromium.new_context(color_scheme=scheme)
+    page = context.new_page()
+    problems = _watch(page)
+    page.goto(f"{meta_url}problems/hard/{PROBLEM}/")
+    page.wait_for_selector(f"#chart-speedup-{GPU} .main-svg")
+    page.wait_for_selector(f"#chart-roofline-{GPU} .main-svg")
+    assert page.locator(f"#chart-speedup-{GPU} .main-svg .bars .point").count() == 3
+    background = page.evaluate("getComputedStyle(document.documentElement).backgroundColor")
+    assert background == ("rgb(255, 255, 255)" if scheme == "light" else "rgb(17, 17, 17)")
+    # The chart's text takes the theme's foreground colour (charts.js maps it from --fg).
+    fg = page.evaluate("getComputedStyle(document.documentElement).getPropertyValue('--fg').trim()")
+    fill = page.locator(f"#chart-speedup-{GPU} .main-svg .gtitle").first.evaluate("e => e.style.fill")
+    assert fill == {"#1b1b1b": "rgb(27, 27, 27)", "#e6e6e6": "rgb(230, 230, 230)"}[fg]
+    assert problems == []
+    context.close()
+
+
+def test_a_narrow_screen_scrolls_tables_not_the_page(chromium: Browser, meta_url: str) -> None:
+    context = chromium.new_context(viewport={"width": 375, "height": 800})
+    page = context.new_page()
+    for path in ("", "methodology/", "downloads/", f"problems/hard/{PROBLEM}/"):
+        page.goto(meta_url + path)
+        overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        assert overflow <= 1, (path, overflow)
+    context.close()
