@@ -65,14 +65,23 @@ def _colors(is_house: Sequence[bool]) -> list[str]:
 
 
 def speedup_chart(div_id: str, labels: Sequence[str], speedups: Sequence[float],
-                  is_house: Sequence[bool], gpu_label: str) -> Markup:
-    """Bars of geomean speedup over torch.compile per submission on a log axis, a line at 1×."""
+                  is_house: Sequence[bool], gpu_label: str,
+                  failures: Sequence[tuple[str, str, str]] = ()) -> Markup:
+    """Bars of geomean speedup over torch.compile per submission on a log axis, a line at 1×; each
+    failed or DNF submission `(label, kind, reason)` is a marked point on the 1× line, never a bar."""
     # Bars grow from 1× (torch.compile) up to a faster or down to a slower kernel.
     fig = go.Figure(go.Bar(
         x=list(labels), y=[v - 1.0 for v in speedups], base=1.0, marker_color=_colors(is_house),
         text=[f"{v:.2f}×" for v in speedups], textposition="outside", cliponaxis=False,
         customdata=list(speedups), hovertemplate="%{x}<br>%{customdata:.3f}× torch.compile<extra></extra>",
     ))
+    if failures:
+        fig.add_trace(go.Scatter(
+            x=[f[0] for f in failures], y=[1.0] * len(failures), mode="markers+text",
+            marker={"symbol": "x-thin-open", "size": 12, "color": COLORS["muted"]},
+            text=[f[1] for f in failures], textposition="top center", customdata=[f[2] for f in failures],
+            hovertemplate="%{x}: %{text}<br>%{customdata}<extra></extra>", showlegend=False,
+        ))
     low, high = min(min(speedups), 1.0), max(max(speedups), 1.0)
     fig.update_layout(_layout(f"Speedup over torch.compile — {gpu_label}", "speedup (×, log scale)",
                               type="log", range=[math.log10(low) - 0.25, math.log10(high) + 0.25]))
@@ -86,12 +95,38 @@ def roofline_chart(div_id: str, labels: Sequence[str], peak_fractions: Sequence[
     """Bars of the geomean fraction of the GPU's datasheet peak per submission, in %."""
     pct = [100.0 * f for f in peak_fractions]
     fig = go.Figure(go.Bar(
-        x=list(labels), y=pct, marker_color=_colors(is_house),
+        x=list(labels), y=pct, marker_color=_colors(is_house), name="achieved",
         text=[f"{v:.1f}%" for v in pct], textposition="outside", cliponaxis=False,
         hovertemplate="%{x}<br>%{y:.2f}% of peak<extra></extra>",
     ))
+    # The headroom up to the ceiling, drawn as a faint bar above each achieved one.
+    fig.add_trace(go.Bar(
+        x=list(labels), y=[max(100.0 - v, 0.0) for v in pct], base=pct, name="headroom",
+        marker_color=COLORS["muted"], opacity=0.18, hovertemplate="%{x}<br>headroom %{y:.1f} points<extra></extra>",
+    ))
+    fig.update_layout(barmode="overlay", showlegend=False)
     fig.update_layout(_layout(f"Roofline: % of {peak_text} — {gpu_label}", "% of datasheet peak",
                               rangemode="tozero"))
     fig.add_hline(y=100, line_dash="dot", line_color=COLORS["muted"], annotation_text="datasheet peak",
                   annotation_position="top left", annotation_font_color=COLORS["muted"])
+    return _html(fig, div_id)
+
+
+def shape_chart(div_id: str, shape_labels: Sequence[str], series: Sequence[tuple[str, bool, Sequence[float | None]]],
+                gpu_label: str) -> Markup:
+    """Speedup over torch.compile per shape (x) and submission (one bar group each), log axis: shows
+    where a kernel wins and where it loses, which a geomean hides. A missing shape draws no bar."""
+    fig = go.Figure()
+    values = [v for _, _, ys in series for v in ys if v]
+    for name, house, ys in series:
+        fig.add_trace(go.Bar(
+            x=list(shape_labels), y=[(v - 1.0) if v else None for v in ys], base=1.0, name=name,
+            marker_color=COLORS["house"] if house else None, customdata=list(ys),
+            hovertemplate=f"{name}<br>%{{x}}: %{{customdata:.3f}}× torch.compile<extra></extra>",
+        ))
+    low, high = min([*values, 1.0]), max([*values, 1.0])
+    fig.update_layout(_layout(f"Per shape — {gpu_label}", "speedup (×, log scale)", type="log",
+                              range=[math.log10(low) - 0.2, math.log10(high) + 0.2]))
+    fig.update_layout(barmode="group", showlegend=True)
+    fig.add_hline(y=1, line_dash="dash", line_color=COLORS["muted"])
     return _html(fig, div_id)

@@ -221,7 +221,10 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
     meta = {"robots.txt": robots(base_url), **table_exports(data)}
     if base_url is not None:
         meta["sitemap.xml"] = sitemap(base_url, list(pages))
-    files = {**_assets(fingerprint), **tables, **meta, **pages}
+    # Each run page's solution, as the grader read it, beside the page (its "raw solution.py" link).
+    raw = {f"runs/{r.gpu}/{r.run_id}/solution.py": data.solutions[r.run_id].encode()
+           for r in data.results if r.run_id in data.solutions}
+    files = {**_assets(fingerprint), **tables, **meta, **raw, **pages}
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     new = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.new.", dir=out_dir.parent))
     try:

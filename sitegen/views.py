@@ -207,6 +207,21 @@ def _baseline_rows(data: SiteData, bench: str, name: str,
                       for i in sorted(by_shape)]
 
 
+def _shape_chart(gpu: str, gpu_label: str, passes: list[Any]) -> Markup | None:
+    """The per-shape speedups of every pass on one GPU (only when a problem has several shapes)."""
+    shape_labels: dict[int, str] = {}
+    for e in passes:
+        shape_labels.update({s.shape_idx: s.shape_label for s in e.result.shapes})
+    if not passes or len(shape_labels) < 2:
+        return None
+    order = sorted(shape_labels)
+    series = []
+    for e in passes:
+        by_idx = {s.shape_idx: s.speedup_vs_compile for s in e.result.shapes}
+        series.append((e.label, e.run.is_house, [by_idx.get(i) for i in order]))
+    return charts.shape_chart(f"chart-shapes-{gpu}", [f"{i}: {shape_labels[i]}" for i in order], series, gpu_label)
+
+
 def problem(data: SiteData, bench: str, name: str) -> dict[str, Any]:
     prob = data.problems[(bench, name)]
     readme = prob.folder / "README.md"
@@ -229,7 +244,9 @@ def problem(data: SiteData, bench: str, name: str) -> dict[str, Any]:
             "speedup_chart": charts.speedup_chart(
                 f"chart-speedup-{gpu}", [e.label for e in passes],
                 [e.result.speedup_vs_compile for e in passes],  # type: ignore[misc]
-                [e.run.is_house for e in passes], label) if passes else None,
+                [e.run.is_house for e in passes], label,
+                [(e.label, e.status_label, e.reason) for e in entries if not e.result.is_pass]) if passes else None,
+            "shape_chart": _shape_chart(gpu, label, passes),
             "roofline_chart": charts.roofline_chart(
                 f"chart-roofline-{gpu}", [e.label for e in roof],
                 [e.result.peak_fraction for e in roof],  # type: ignore[misc]
@@ -302,6 +319,7 @@ def run(data: SiteData, result: Result) -> dict[str, Any]:
         "peak_text": peak_text(prob, data.hardware.get(result.gpu)),
         "source_html": highlight_python(source) if source is not None else None,
         "trace_href": _safe_href(the_run.trace_url),
+        "solution_href": "solution.py" if source is not None else None,
         "annotation": data.annotations.get(result.run_id),
         "log_href": f"data/results/{result.log_path}" if f"data/results/{result.log_path}" in data.table_files
         else None,

@@ -129,3 +129,44 @@ def test_gpu_tabs_switch_and_degrade_to_sections(browser: Browser, site_url: str
     still.goto(site_url)
     assert still.locator(f"section#gpu-{GPU}").is_visible() and still.locator("section#gpu-cpu").is_visible()
     context.close()
+
+
+ARTIFACTS = Path(os.environ.get("KERNELBOARD_ARTIFACTS", Path(__file__).resolve().parents[1] / "test-artifacts"))
+
+
+def test_crawl_every_page_without_a_broken_link_or_console_error(browser: Browser, site_url: str,
+                                                                built_site: Path) -> None:
+    """Every page of the built site, loaded in Chromium: no console error, no failed or 4xx request,
+    and every same-site link it holds leads to a file of the site."""
+    pages = sorted(p.relative_to(built_site).as_posix() for p in built_site.rglob("index.html"))
+    page = browser.new_page()
+    problems = _watch(page)
+    targets: set[str] = set()
+    for rel in pages:
+        page.goto(site_url + rel.removesuffix("index.html"))
+        page.wait_for_load_state("load")
+        for href in page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)"):
+            if href.startswith(site_url):
+                targets.add(href.split("#")[0][len(site_url):])
+    missing = [t for t in sorted(targets)
+               if not (built_site / t).is_file() and not (built_site / t / "index.html").is_file()]
+    assert len(pages) > 5 and missing == [] and problems == [], (missing, problems)
+    page.close()
+
+
+@pytest.mark.parametrize(("name", "width", "height"), [("desktop", 1366, 900), ("phone", 390, 844)])
+def test_screenshots_at_desktop_and_phone_widths(browser: Browser, site_url: str, name: str, width: int,
+                                                 height: int) -> None:
+    """Full-page screenshots of the home, a problem and a run page, kept as test artifacts; the page
+    never scrolls sideways at either width."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    context = browser.new_context(viewport={"width": width, "height": height})
+    page = context.new_page()
+    for label, path in (("home", ""), ("problem", f"problems/hard/{PROBLEM}/"), ("gpu", f"gpu/{GPU}/")):
+        page.goto(site_url + path)
+        page.wait_for_load_state("load")
+        shot = ARTIFACTS / f"{label}-{name}.png"
+        page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 10_000
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1"), (label, name)
+    context.close()
