@@ -99,13 +99,15 @@ def site() -> None:
 @click.option("--base-url", envvar="KERNELBOARD_BASE_URL", default=None, metavar="URL",
               help="The site's absolute address (https://…/), for sitemap.xml and og:url; "
                    "without it no sitemap is written. Env: KERNELBOARD_BASE_URL.")
-def site_build(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | None) -> None:
-    """Render every page into a fresh folder, then swap it into place."""
+@click.option("--force", is_flag=True,
+              help="Build even when --out already holds a site built from these exact inputs.")
+def site_build(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | None, force: bool) -> None:
+    """Render every page into a fresh folder, then swap it into place (skipped when nothing changed)."""
     from kernelboard.sitegen.render import build_site
 
-    report = build_site(data_dir=data_dir, decks_dir=decks_dir, out_dir=out_dir, base_url=base_url)
+    report = build_site(data_dir=data_dir, decks_dir=decks_dir, out_dir=out_dir, base_url=base_url, force=force)
     click.echo(report.summary())
-    if not (base_url or "").strip():
+    if not report.unchanged and not (base_url or "").strip():
         click.echo("no --base-url (or KERNELBOARD_BASE_URL): sitemap.xml not written (it needs absolute URLs)")
 
 

@@ -70,10 +70,15 @@ class BuildReport:
         return f"built {self.pages} pages in {self.seconds:.2f} s → {self.out_dir}"
 
 
-def cache_dir_for(out_dir: Path) -> Path:
-    """Where the highlighted-source cache of builds into `out_dir` lives: beside it, never published."""
-    out_dir = Path(out_dir)
-    return out_dir.parent / f".{out_dir.name}.cache"
+def default_cache_dir() -> Path:
+    """Where highlighted sources are cached between builds: $KERNELBOARD_CACHE, else
+    $XDG_CACHE_HOME/kernelboard, else ~/.cache/kernelboard (never inside the published site). Entries are
+    keyed by content hash, so sites built from different data share it safely."""
+    explicit = os.environ.get("KERNELBOARD_CACHE")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "kernelboard"
 
 
 def is_unchanged(out_dir: Path, fingerprint: str) -> bool:
@@ -197,7 +202,7 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
     Every input is fingerprinted (`fingerprint.fingerprint`) into the marker file; when `out_dir`
     already holds a build with the same fingerprint, nothing is done and the report says `unchanged`
     (`force=True` builds anyway). Highlighted sources are cached by content hash in `cache_dir`
-    (default: `.<out>.cache` beside `out_dir`; False: no disk cache).
+    (default: `default_cache_dir()`; False: no disk cache).
 
     Raises `DataError` or `DeckError` for bad input (nothing is written), and `KernelboardError`
     when `out_dir` is something other than a previous build.
@@ -210,7 +215,8 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
     data = load_site(Path(data_dir), Path(decks_dir))
     base_url = normalize_base_url(base_url)
     _check_out_dir(out_dir)
-    folder = cache_dir_for(out_dir) if cache_dir is True else (Path(cache_dir) if cache_dir else None)
+    folder = default_cache_dir() if cache_dir is True else (Path(cache_dir) if cache_dir else None)
+    folder = folder / "highlight" if folder is not None else None
     cache = HighlightCache(folder)
     previous = highlight_cache(cache)
     try:

@@ -7,9 +7,11 @@ printed arithmetic behind each headline number. Links are made in the templates 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+import time
 import zlib
 from dataclasses import dataclass
 from functools import lru_cache
@@ -110,14 +112,16 @@ class HighlightCache:
         self._memory[key] = html
         return html
 
-    def prune(self) -> None:
-        """Remove the cached entries this build did not use (the cache holds the current site only)."""
+    def prune(self, max_age_s: float = 30 * 86400) -> None:
+        """Remove cached entries this build did not use that are older than `max_age_s` (the cache may be
+        shared by several sites; an entry another site still needs is simply made again)."""
         if self.folder is None or not self.folder.is_dir():
             return
+        cutoff = time.time() - max_age_s
         for sub in self.folder.iterdir():
             if sub.is_dir():
                 for entry in sub.iterdir():
-                    if entry.name.split(".", 1)[0] not in self.used:
+                    if entry.name.split(".", 1)[0] not in self.used and entry.stat().st_mtime < cutoff:
                         entry.unlink(missing_ok=True)
 
 
@@ -160,16 +164,31 @@ class GpuSection:
     label: str
     is_cpu: bool
     hardware: Hardware | None
-    boards: tuple[Board, ...]
+    boards: tuple[Board, ...]  # each cut to its top HOME_MODEL_ROWS model rows (plus its house rows)
+    hidden: dict[str, int] = dataclasses.field(default_factory=dict)  # bench -> model rows left off
+
+
+#: Model rows a home board shows: the top ranks (house rows always follow); the GPU page has them all.
+#: Keeps the home page light however many models have run: 10 rows × 6 problems × 4 GPUs ≈ 120 KB.
+HOME_MODEL_ROWS = 10
+
+
+def _top(board: Board) -> tuple[Board, int]:
+    """The board with its first HOME_MODEL_ROWS model rows (rank order) and every house row; rows left off."""
+    models = [r for r in board.rows if not r.is_house]
+    if len(models) <= HOME_MODEL_ROWS:
+        return board, 0
+    return (dataclasses.replace(board, rows=(*models[:HOME_MODEL_ROWS], *(r for r in board.rows if r.is_house))),
+            len(models) - HOME_MODEL_ROWS)
 
 
 def home(data: SiteData) -> dict[str, Any]:
     boards = build_boards(data)
-    sections = [
-        GpuSection(gpu, gpu_label(data, gpu), gpu == CPU_KEY, data.hardware.get(gpu),
-                   tuple(b for b in boards if b.gpu == gpu))
-        for gpu in gpu_order(b.gpu for b in boards)
-    ]
+    sections = []
+    for gpu in gpu_order(b.gpu for b in boards):
+        cut = [(b, *_top(b)) for b in boards if b.gpu == gpu]
+        sections.append(GpuSection(gpu, gpu_label(data, gpu), gpu == CPU_KEY, data.hardware.get(gpu),
+                                   tuple(top for _, top, _ in cut), {b.bench: n for b, _, n in cut if n}))
     return {
         "title": "Leaderboards",
         "sections": sections,

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 from site_fixtures import SiteInputs, make_site_inputs
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_highlight_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Site builds in tests keep their highlight cache in the session's temp folder, not in ~/.cache."""
+    os.environ["KERNELBOARD_CACHE"] = str(tmp_path_factory.mktemp("highlight-cache"))
 
 
 @pytest.fixture(scope="session")
