@@ -24,6 +24,8 @@ lie about is listed in runner.py. `baselines()` times the reference itself (trus
 from __future__ import annotations
 
 import functools
+import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -239,7 +241,9 @@ def _time(fn: Callable[..., Any], sets: list[list[Any]], device: str, env: dict[
 
 def baselines(job: dict[str, Any], result: dict[str, Any]) -> None:
     """Time the reference itself — eager, through torch.compile, and each library line the problem
-    names (a function of reference.py taking the model and the inputs) — on every shape."""
+    names (a function of reference.py taking the model and the inputs) — on every shape, or only the
+    (shape, variant) pairs in `job["todo"]`. After each shape the rows so far are written to
+    `job["checkpoint_path"]`, so a run cut off by its timeout keeps the shapes it finished."""
     device = job["device"]
     problem = _job_problem(job)
     shapes = problem.shapes_for(device)
@@ -247,13 +251,17 @@ def baselines(job: dict[str, Any], result: dict[str, Any]) -> None:
     result.update(env=env, phase="reference")
     reference = import_file("reference", problem.reference_path)
     install_shapes_module(shapes)
-    rows = []
+    rows: list[dict[str, Any]] = []
+    todo = job.get("todo")
     for shape in shapes:
+        wanted = job["variants"] if todo is None else todo.get(str(shape.idx), [])
+        if not wanted:
+            continue
         plan = make_plan(problem, reference, (shape,), [int(job["base_seed"])], BASELINE_TIMING_SEEDS, device)[0]
         plan.checks.clear()  # only the timing sets are needed here
         torch.manual_seed(int(job["base_seed"]))
         model = build_model(reference, plan.init_args, device)
-        for variant in job["variants"]:
+        for variant in wanted:
             row: dict[str, Any] = {"shape_idx": shape.idx, "variant": variant}
             try:
                 fn = _variant_fn(model, variant, problem, reference)
@@ -265,7 +273,16 @@ def baselines(job: dict[str, Any], result: dict[str, Any]) -> None:
                 print(f"[baseline] shape {shape.idx} {variant}: {row['message']}", flush=True)
             rows.append(row)
         del model, plan
+        if job.get("checkpoint_path"):
+            _checkpoint(Path(job["checkpoint_path"]), rows)
     result.update(status="ok", message="ok", baselines=rows)
+
+
+def _checkpoint(path: Path, rows: list[dict[str, Any]]) -> None:
+    """The baseline rows measured so far, written atomically (the parent reads them if we are killed)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"baselines": rows}, default=str))
+    os.replace(tmp, path)
 
 
 def _variant_fn(model: torch.nn.Module, variant: str, problem: Problem, reference: Any) -> Callable[..., Any]:

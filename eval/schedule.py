@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import fnmatch
 import functools
+import json
 import secrets
 import shutil
 import subprocess
@@ -92,22 +93,27 @@ def ensure_baselines(opts: EvalOptions, gpu: str, problem: Problem, env: dict[st
     variants = tuple(v for v in (*BASELINE_VARIANTS[opts.device], *(f"library:{name}" for name in problem.library))
                      if v not in opts.skip_baselines)
     cached = {} if opts.regrade else _cached_baselines(opts.out, gpu, problem, env)
-    if all(v in cached.get(s.idx, {}) for s in shapes for v in variants):
+    todo = {str(s.idx): [v for v in variants if v not in cached.get(s.idx, {})] for s in shapes}
+    if not any(todo.values()):
         return cached
     _console.print(f"measuring baselines for {problem.name} on {env['device_name']} …")
     workdir = scratch / f"baselines-{problem.name}"
     workdir.mkdir()
+    checkpoint = scratch / f"baselines-{problem.name}.checkpoint.json"
     job = {"kind": "baseline", "problem_path": str(problem.folder.resolve()), "device": opts.device,
-           "base_seed": 2026, "variants": list(variants), "rep_ms": opts.rep_ms}
+           "base_seed": 2026, "variants": list(variants), "todo": todo, "checkpoint_path": str(checkpoint),
+           "rep_ms": opts.rep_ms}
     log = opts.out / gpu / "logs" / f"baselines-{problem.bench}-{problem.name}.log"
     outcome = run_worker(job, workdir, log, opts.baseline_timeout_s, f"baselines-{problem.name}",
                          arch=env.get("capability"))
-    if outcome.result.get("status") != "ok":
-        _console.print(f"[red]baselines for {problem.name} failed: {outcome.result.get('message')}[/]")
-        return cached
+    measured = outcome.result.get("baselines") if outcome.result.get("status") == "ok" else None
+    if measured is None:
+        measured = _checkpointed(checkpoint)
+        _console.print(f"[red]baselines for {problem.name} failed: {outcome.result.get('message')}[/]"
+                       + (f" (keeping the {len(measured)} measured before it stopped)" if measured else ""))
     shape_by_idx = {s.idx: s for s in shapes}
     rows = []
-    for b in outcome.result["baselines"]:
+    for b in measured:
         shape = shape_by_idx[b["shape_idx"]]
         stats = {k: b.get(k) for k in ("median_ms", "p10_ms", "p90_ms", "min_ms", "iterations")}
         rows.append({"bench": problem.bench, "problem": problem.name, "gpu": gpu, "shape_idx": shape.idx,
@@ -116,8 +122,18 @@ def ensure_baselines(opts: EvalOptions, gpu: str, problem: Problem, env: dict[st
                      "device_name": env["device_name"], "torch_version": env["torch_version"],
                      "triton_version": env.get("triton_version"), "cuda_version": env.get("cuda_version"),
                      "grader_version": GRADER_VERSION, "measured_at": _now()})
-    upsert(table_path(opts.out, gpu, "baselines"), "baselines", rows)
+    if rows:
+        upsert(table_path(opts.out, gpu, "baselines"), "baselines", rows)
     return _cached_baselines(opts.out, gpu, problem, env)
+
+
+def _checkpointed(path: Path) -> list[dict[str, Any]]:
+    """The rows a killed baseline worker had checkpointed, or none (the file is written atomically)."""
+    try:
+        rows = json.loads(path.read_text())["baselines"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return rows if isinstance(rows, list) else []
 
 
 def _timer(device: str) -> str:

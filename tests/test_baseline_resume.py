@@ -1,0 +1,53 @@
+"""An interrupted baseline run keeps the shapes it finished, and the next run measures only the rest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from grading import REEXPORT, copy_deck, write_submission
+
+from kernelboard.eval.schedule import EvalOptions, run_eval
+from kernelboard.eval.tables import read_table, table_path
+
+W4 = "07_w4a16_gemm"
+
+
+def _baselines(out: Path) -> dict[int, dict]:
+    rows = read_table(table_path(out, "cpu", "baselines"), "baselines").to_pylist()
+    return {r["shape_idx"]: r for r in rows}
+
+
+def test_a_baseline_run_cut_off_by_its_timeout_keeps_what_it_measured(tmp_path: Path) -> None:
+    deck = copy_deck(tmp_path, (W4,))
+    hang = tmp_path / "hang"
+    hang.touch()
+    with (deck / W4 / "reference.py").open("a") as f:  # the second CPU shape (N = 96) hangs while `hang` exists
+        f.write(f"""
+
+import pathlib as _pathlib
+import time as _time
+
+_forward = Model.forward
+
+
+def _hanging_forward(self, *args):
+    if self.N == 96 and _pathlib.Path({str(hang)!r}).exists():
+        _time.sleep(3600)
+    return _forward(self, *args)
+
+
+Model.forward = _hanging_forward
+""")
+    write_submission(tmp_path / "subs" / "w4", W4, REEXPORT)
+    opts = EvalOptions(deck=deck, submissions=tmp_path / "subs", out=tmp_path / "out", device="cpu", rep_ms=20.0,
+                       skip_baselines=("compile:default",), baseline_timeout_s=25.0, check_timeout_s=10.0)
+    run_eval(opts)
+    first = _baselines(tmp_path / "out")
+    assert sorted(first) == [0] and first[0]["variant"] == "eager" and first[0]["median_ms"] > 0
+    hang.unlink()
+    run_eval(opts)
+    second = _baselines(tmp_path / "out")
+    assert sorted(second) == [0, 1]
+    assert second[0]["measured_at"] == first[0]["measured_at"]  # shape 0 was not measured again
+    log = (tmp_path / "out" / "cpu" / "logs" / f"baselines-hard-{W4}.log").read_text()
+    assert "[baseline] shape 0" not in log and "[baseline] shape 1 eager" in log
