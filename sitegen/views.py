@@ -226,8 +226,16 @@ def _baseline_rows(data: SiteData, bench: str, name: str,
                       for i in sorted(by_shape)]
 
 
+#: The per-shape chart draws this many of the fastest passes (plus the house rows): more bars per
+#: shape than this cannot be read, and the full per-shape numbers are on each run page.
+SHAPE_CHART_PASSES = 10
+
+
 def _shape_chart(gpu: str, gpu_label: str, passes: list[Any]) -> Markup | None:
-    """The per-shape speedups of every pass on one GPU (only when a problem has several shapes)."""
+    """The per-shape speedups of the fastest passes on one GPU (only when a problem has several shapes);
+    `passes` come fastest first (board.problem_entries)."""
+    models = [e for e in passes if not e.run.is_house][:SHAPE_CHART_PASSES]
+    passes = [e for e in passes if e.run.is_house or e in models]
     shape_labels: dict[int, str] = {}
     for e in passes:
         shape_labels.update({s.shape_idx: s.shape_label for s in e.result.shapes})
@@ -282,6 +290,7 @@ def problem(data: SiteData, bench: str, name: str) -> dict[str, Any]:
         ],
         "gpus": gpus,
         "charts": any(g["speedup_chart"] or g["roofline_chart"] for g in gpus),
+        "shape_chart_passes": SHAPE_CHART_PASSES,
     }
 
 
