@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from browsing import CHROMIUM, HAVE_CHROMIUM, chromium
 from site_fixtures import SiteInputs, make_site_inputs
 
 
@@ -35,3 +38,12 @@ def built_site(site_inputs: SiteInputs, tmp_path_factory: pytest.TempPathFactory
     out = tmp_path_factory.mktemp("built") / "dist"
     build_site(site_inputs.data_dir, site_inputs.decks_dir, out)
     return out
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """One headless system Chromium for every browser test of the session."""
+    if not HAVE_CHROMIUM:
+        pytest.skip(f"{CHROMIUM} is not installed (and CI is unset)")
+    with chromium() as browser:
+        yield browser

@@ -6,71 +6,30 @@ without that binary and without the CI variable; in CI a missing browser is a fa
 
 from __future__ import annotations
 
-import functools
-import http.server
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+from browsing import needs_chromium, serve, watch
 from site_fixtures import GPU, PROBLEM
 
-pytestmark = pytest.mark.browser
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser
 
-CHROMIUM = Path("/usr/bin/chromium")
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-if not CHROMIUM.exists() and not os.environ.get("CI"):
-    pytest.skip(f"{CHROMIUM} is not installed (and CI is unset)", allow_module_level=True)
-
-from playwright.sync_api import Browser, Page, sync_playwright  # noqa: E402 - only once a browser exists
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+pytestmark = [pytest.mark.browser, needs_chromium]
 
 
 @pytest.fixture(scope="module")
 def site_url(built_site: Path) -> Iterator[str]:
-    """The built site over HTTP on 127.0.0.1, a free port, served from a thread."""
-    handler = functools.partial(_QuietHandler, directory=str(built_site))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
-        yield browser
-        browser.close()
-
-
-def _watch(page: Page) -> list[str]:
-    """Collect everything that would show as red in the console: errors, failed or 4xx/5xx loads."""
-    problems: list[str] = []
-    page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-    page.on("console", lambda msg: problems.append(f"console {msg.type}: {msg.text}")
-            if msg.type == "error" else None)
-    page.on("requestfailed", lambda req: problems.append(f"request failed: {req.url}"))
-    page.on("response", lambda res: problems.append(f"HTTP {res.status}: {res.url}")
-            if res.status >= 400 else None)
-    return problems
+    with serve(built_site) as url:
+        yield url
 
 
 def test_home_to_problem_page_draws_the_charts(browser: Browser, site_url: str) -> None:
     page = browser.new_page()
-    problems = _watch(page)
+    problems = watch(page)
     page.goto(site_url)
     board = page.locator(f"#board-{GPU}-hard")
     assert board.locator("td.tone-dnf").inner_text().split() == ["DNF", "rate", "limited"]
@@ -85,7 +44,7 @@ def test_home_to_problem_page_draws_the_charts(browser: Browser, site_url: str) 
 
 def test_a_cell_leads_to_its_run_page_with_highlighted_source(browser: Browser, site_url: str) -> None:
     page = browser.new_page()
-    problems = _watch(page)
+    problems = watch(page)
     page.goto(site_url)
     page.locator(f"#board-{GPU}-hard td.best a").click()
     page.wait_for_url("**/runs/h200/*/")
@@ -107,7 +66,7 @@ def test_the_boards_read_without_javascript(browser: Browser, site_url: str) -> 
 
 def test_gpu_tabs_switch_and_degrade_to_sections(browser: Browser, site_url: str) -> None:
     page = browser.new_page()
-    problems = _watch(page)
+    problems = watch(page)
     page.goto(site_url)
     tabs = page.locator("nav.toc[role=tablist] a[role=tab]")
     assert tabs.count() == 2
@@ -140,7 +99,7 @@ def test_crawl_every_page_without_a_broken_link_or_console_error(browser: Browse
     and every same-site link it holds leads to a file of the site."""
     pages = sorted(p.relative_to(built_site).as_posix() for p in built_site.rglob("index.html"))
     page = browser.new_page()
-    problems = _watch(page)
+    problems = watch(page)
     targets: set[str] = set()
     for rel in pages:
         page.goto(site_url + rel.removesuffix("index.html"))

@@ -4,18 +4,15 @@ drawn in a real Chromium (the system's, through Playwright; never a downloaded b
 from __future__ import annotations
 
 import dataclasses
-import functools
-import http.server
 import json
-import os
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from xml.etree.ElementTree import Element
 
 import html5lib
 import pytest
+from browsing import needs_chromium, serve, watch
 from site_fixtures import GPU, PROBLEM, SiteInputs, _result, _run, _shape_rows, make_site_inputs
 
 from kernelboard.eval.deck import load_problem
@@ -213,54 +210,22 @@ def test_only_house_rows_means_nothing_to_plot_and_no_plotly(site_inputs: SiteIn
 
 # ------------------------------------------------------------------------------------------ browser
 
-CHROMIUM = Path("/usr/bin/chromium")
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def eff_url(eff_site: Path) -> Iterator[str]:
-    """The efficiency fixture site over HTTP on 127.0.0.1, a free port, served from a thread."""
-    handler = functools.partial(_QuietHandler, directory=str(eff_site))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serve(eff_site) as url:
+        yield url
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(not CHROMIUM.exists() and not os.environ.get("CI"),
-                    reason=f"{CHROMIUM} is not installed (and CI is unset)")
-def test_the_charts_draw_without_console_errors(eff_url: str) -> None:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
-        try:
-            page = browser.new_page()
-            problems: list[str] = []
-            page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-            page.on("console", lambda msg: problems.append(f"console {msg.type}: {msg.text}")
-                    if msg.type == "error" else None)
-            page.on("requestfailed", lambda req: problems.append(f"request failed: {req.url}"))
-            page.on("response", lambda res: problems.append(f"HTTP {res.status}: {res.url}")
-                    if res.status >= 400 else None)
-            page.goto(f"{eff_url}efficiency/")
-            for key, expected in (("tokens", WITH_TOKENS), ("cost", WITH_COST)):
-                chart = f"#chart-eff-{key}-{GPU}-hard"
-                page.wait_for_selector(f"{chart} .plot-container .main-svg")
-                assert page.locator(f"{chart} .scatterlayer .point").count() == len(expected)
-                assert page.locator(f"{chart} .scatterlayer .js-line").count() == 1  # the frontier
-            assert problems == []
-        finally:
-            browser.close()
+@needs_chromium
+def test_the_charts_draw_without_console_errors(browser, eff_url: str) -> None:
+    page = browser.new_page()
+    problems = watch(page)
+    page.goto(f"{eff_url}efficiency/")
+    for key, expected in (("tokens", WITH_TOKENS), ("cost", WITH_COST)):
+        chart = f"#chart-eff-{key}-{GPU}-hard"
+        page.wait_for_selector(f"{chart} .plot-container .main-svg")
+        assert page.locator(f"{chart} .scatterlayer .point").count() == len(expected)
+        assert page.locator(f"{chart} .scatterlayer .js-line").count() == 1  # the frontier
+    assert problems == []
+    page.close()

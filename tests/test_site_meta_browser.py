@@ -6,46 +6,30 @@ chart page means Plotly draws under the CSP (script-src 'self', no inline script
 
 from __future__ import annotations
 
-import functools
-import http.server
-import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from playwright.sync_api import Browser, sync_playwright
+from browsing import needs_chromium, serve, watch
 from site_fixtures import GPU, PROBLEM
-from test_site_browser import CHROMIUM, LAUNCH_ARGS, _QuietHandler, _watch  # skips without a browser
 
-pytestmark = pytest.mark.browser
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser
+
+pytestmark = [pytest.mark.browser, needs_chromium]
 
 
 @pytest.fixture(scope="module")
 def meta_url(built_site: Path) -> Iterator[str]:
-    handler = functools.partial(_QuietHandler, directory=str(built_site))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-
-@pytest.fixture(scope="module")
-def chromium() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
-        yield browser
-        browser.close()
+    with serve(built_site) as url:
+        yield url
 
 
 @pytest.mark.parametrize("path", ["methodology/", "downloads/", ""])
-def test_meta_pages_load_without_console_errors(chromium: Browser, meta_url: str, path: str) -> None:
-    page = chromium.new_page()
-    problems = _watch(page)
+def test_meta_pages_load_without_console_errors(browser: Browser, meta_url: str, path: str) -> None:
+    page = browser.new_page()
+    problems = watch(page)
     page.goto(meta_url + path)
     page.wait_for_load_state("load")
     assert page.locator("nav.site-nav a").count() >= 3
@@ -53,8 +37,8 @@ def test_meta_pages_load_without_console_errors(chromium: Browser, meta_url: str
     page.close()
 
 
-def test_downloads_links_fetch(chromium: Browser, meta_url: str) -> None:
-    page = chromium.new_page()
+def test_downloads_links_fetch(browser: Browser, meta_url: str) -> None:
+    page = browser.new_page()
     page.goto(meta_url + "downloads/")
     hrefs = page.eval_on_selector_all("table.downloads-table a", "els => els.map(e => e.href)")
     assert len(hrefs) >= 15
@@ -64,10 +48,10 @@ def test_downloads_links_fetch(chromium: Browser, meta_url: str) -> None:
 
 
 @pytest.mark.parametrize("scheme", ["dark", "light"])
-def test_charts_draw_under_the_csp_in_both_themes(chromium: Browser, meta_url: str, scheme: str) -> None:
-    context = chromium.new_context(color_scheme=scheme)
+def test_charts_draw_under_the_csp_in_both_themes(browser: Browser, meta_url: str, scheme: str) -> None:
+    context = browser.new_context(color_scheme=scheme)
     page = context.new_page()
-    problems = _watch(page)
+    problems = watch(page)
     page.goto(f"{meta_url}problems/hard/{PROBLEM}/")
     page.wait_for_selector(f"#chart-speedup-{GPU} .main-svg")
     page.wait_for_selector(f"#chart-roofline-{GPU} .main-svg")
@@ -82,8 +66,8 @@ def test_charts_draw_under_the_csp_in_both_themes(chromium: Browser, meta_url: s
     context.close()
 
 
-def test_a_narrow_screen_scrolls_tables_not_the_page(chromium: Browser, meta_url: str) -> None:
-    context = chromium.new_context(viewport={"width": 375, "height": 800})
+def test_a_narrow_screen_scrolls_tables_not_the_page(browser: Browser, meta_url: str) -> None:
+    context = browser.new_context(viewport={"width": 375, "height": 800})
     page = context.new_page()
     for path in ("", "methodology/", "downloads/", f"problems/hard/{PROBLEM}/"):
         page.goto(meta_url + path)

@@ -8,11 +8,7 @@ Browser tests drive the system Chromium (/usr/bin/chromium) through Playwright; 
 from __future__ import annotations
 
 import datetime as dt
-import functools
-import http.server
-import os
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -22,6 +18,7 @@ import html5lib
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from browsing import needs_chromium, serve, watch
 from site_fixtures import (
     BENCH,
     DNF,
@@ -50,12 +47,6 @@ EVIL_PASS = "20261128_131500_opencode_evil_03_paged_attention"
 EVIL_DNF = "20261128_141500_opencode_evil_03_paged_attention"
 MODELS = {"kernelboard-house", "reference-eager", "fable-5", "orbit-2", "kinetic-k3", EVIL_MODEL}
 
-CHROMIUM = Path("/usr/bin/chromium")
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-browser_test = [pytest.mark.browser,
-                pytest.mark.skipif(not CHROMIUM.exists() and not os.environ.get("CI"),
-                                   reason=f"{CHROMIUM} is not installed (and CI is unset)")]
 
 
 def _runs_of(inputs: SiteInputs, *run_ids: str) -> list[dict]:
@@ -265,44 +256,10 @@ def test_home_board_and_run_pages_link_to_the_model_pages(site: Path) -> None:
 # ---------------------------------------------------------------------------------------- browser
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def site_url(site: Path) -> Iterator[str]:
-    handler = functools.partial(_QuietHandler, directory=str(site))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS)
-        yield browser
-        browser.close()
-
-
-def _watch(page) -> list[str]:
-    problems: list[str] = []
-    page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-    page.on("console", lambda msg: problems.append(f"console {msg.type}: {msg.text}")
-            if msg.type == "error" else None)
-    page.on("requestfailed", lambda req: problems.append(f"request failed: {req.url}"))
-    page.on("response", lambda res: problems.append(f"HTTP {res.status}: {res.url}")
-            if res.status >= 400 else None)
-    return problems
+    with serve(site) as url:
+        yield url
 
 
 def _column(page, index: int) -> list[str]:
@@ -311,11 +268,11 @@ def _column(page, index: int) -> list[str]:
     return [" ".join(c.split()) for c in cells]
 
 
-@browser_test[0]
-@browser_test[1]
+@pytest.mark.browser
+@needs_chromium
 def test_clicking_a_header_sorts_the_table(browser, site_url: str) -> None:
     page = browser.new_page()
-    problems = _watch(page)
+    problems = watch(page)
     page.goto(f"{site_url}gpu/{H100}/")
     table = page.locator(f"#table-{BENCH}")
     page.wait_for_selector(f"#table-{BENCH}.sort-ready")
@@ -339,11 +296,11 @@ def test_clicking_a_header_sorts_the_table(browser, site_url: str) -> None:
     page.close()
 
 
-@browser_test[0]
-@browser_test[1]
+@pytest.mark.browser
+@needs_chromium
 def test_new_pages_load_without_console_errors(browser, site_url: str) -> None:
     page = browser.new_page()
-    problems = _watch(page)
+    problems = watch(page)
     for path in (f"gpu/{GPU}/", f"gpu/{H100}/", "gpu/cpu/", "models/", "models/fable-5/",
                  f"models/{model_slug(EVIL_MODEL)}/"):
         page.goto(f"{site_url}{path}")
@@ -359,8 +316,8 @@ def test_new_pages_load_without_console_errors(browser, site_url: str) -> None:
     page.close()
 
 
-@browser_test[0]
-@browser_test[1]
+@pytest.mark.browser
+@needs_chromium
 def test_the_gpu_table_reads_in_rank_order_without_javascript(browser, site_url: str) -> None:
     context = browser.new_context(java_script_enabled=False)
     page = context.new_page()
