@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import plotly.graph_objects as go
 import plotly.io as pio
@@ -129,4 +130,58 @@ def shape_chart(div_id: str, shape_labels: Sequence[str], series: Sequence[tuple
                               range=[math.log10(low) - 0.2, math.log10(high) + 0.2]))
     fig.update_layout(barmode="group", showlegend=True)
     fig.add_hline(y=1, line_dash="dash", line_color=COLORS["muted"])
+    return _html(fig, div_id)
+
+
+@dataclass(frozen=True)
+class SpendPoint:
+    """One model on an efficiency chart: its deck score against what it spent."""
+
+    label: str
+    spend: float
+    spend_text: str
+    score: float
+    on_frontier: bool
+
+
+def efficiency_chart(div_id: str, title: str, axis_title: str, points: Sequence[SpendPoint]) -> Markup:
+    """Deck score against spend on a log x axis: every point labelled, the Pareto frontier a stepped line."""
+    frontier = [p for p in points if p.on_frontier]
+    others = [p for p in points if not p.on_frontier]
+
+    def trace(ps: Sequence[SpendPoint], color: str, symbol: str, name: str) -> go.Scatter:
+        return go.Scatter(
+            x=[p.spend for p in ps], y=[p.score for p in ps], mode="markers+text", name=name,
+            text=[p.label for p in ps], textposition="top center", cliponaxis=False,
+            marker={"color": color, "size": 11, "symbol": symbol, "line": {"width": 1, "color": color}},
+            customdata=[[p.spend_text, f"{p.score:.3f}", name] for p in ps],
+            hovertemplate="%{text}<br>%{customdata[0]}<br>score %{customdata[1]}<br>%{customdata[2]}"
+                          "<extra></extra>",
+        )
+
+    fig = go.Figure()
+    if len(frontier) > 1:
+        fig.add_trace(go.Scatter(
+            x=[p.spend for p in frontier], y=[p.score for p in frontier], mode="lines", line_shape="hv",
+            line={"color": COLORS["model"], "width": 2, "dash": "dot"}, hoverinfo="skip",
+            name="Pareto frontier",
+        ))
+    fig.add_trace(trace(frontier, COLORS["model"], "circle", "on the Pareto frontier"))
+    if others:
+        fig.add_trace(trace(others, COLORS["muted"], "circle-open", "dominated"))
+    spends = [p.spend for p in points]
+    low, high = math.log10(min(spends)), math.log10(max(spends))
+    pad = max(0.25, 0.1 * (high - low))
+    fig.update_layout(
+        title={"text": title, "x": 0, "xanchor": "left", "font": {"size": 14}},
+        paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)",
+        font={"color": COLORS["fg"], "family": "system-ui, sans-serif", "size": 12},
+        margin={"l": 64, "r": 24, "t": 56, "b": 64},
+        showlegend=True,
+        legend={"orientation": "h", "x": 0, "y": -0.18, "font": {"color": COLORS["muted"]}},
+        xaxis={"type": "log", "title": {"text": axis_title}, "gridcolor": COLORS["grid"],
+               "range": [low - pad, high + pad]},
+        yaxis={"title": {"text": "deck score"}, "gridcolor": COLORS["grid"], "zeroline": False,
+               "range": [-0.08, 1.15]},
+    )
     return _html(fig, div_id)

@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import plotly.graph_objects as go
 from markupsafe import Markup
 
 from . import charts
@@ -191,8 +190,10 @@ def _block(board: Board, rows: Sequence[Row], measure: Measure) -> tuple[ChartBl
     frontier = tuple(p for p in points if p.on_frontier)
     base = f"eff-{measure.key}-{board.gpu}-{board.bench}"
     where = f"the {board.bench} deck on {board.label}"
-    chart = scatter_chart(f"chart-{base}", measure, points, f"{measure.title} — {board.bench}, {board.label}") \
-        if points else None
+    chart = charts.efficiency_chart(
+        f"chart-{base}", f"{measure.title} — {board.bench}, {board.label}", measure.axis,
+        [charts.SpendPoint(p.display, p.spend, measure.fmt(p.spend), p.score, p.on_frontier) for p in points],
+    ) if points else None
     return ChartBlock(measure, f"chart-{base}", f"table-{base}", tuple(points), frontier, chart,
                       _summary(measure, points, frontier, where)), missing
 
@@ -215,52 +216,6 @@ def _board(board: Board) -> EfficiencyBoard:
                    for (display, model), reasons in sorted(not_plotted.items()))
     return EfficiencyBoard(board.bench, board.gpu, board.label, board.is_cpu, len(board.problems), len(models),
                            tuple(blocks), listed, tuple(r for r in board.rows if r.is_house))
-
-
-# -------------------------------------------------------------------------------------------- chart
-
-
-def scatter_chart(div_id: str, measure: Measure, points: Sequence[Point], title: str) -> Markup:
-    """Deck score against spend on a log x axis: every point labelled, the frontier a stepped line."""
-    frontier = [p for p in points if p.on_frontier]
-    others = [p for p in points if not p.on_frontier]
-
-    def trace(ps: Sequence[Point], color: str, symbol: str, name: str) -> go.Scatter:
-        return go.Scatter(
-            x=[p.spend for p in ps], y=[p.score for p in ps], mode="markers+text", name=name,
-            text=[p.display for p in ps], textposition="top center", cliponaxis=False,
-            marker={"color": color, "size": 11, "symbol": symbol, "line": {"width": 1, "color": color}},
-            customdata=[[measure.fmt(p.spend), f"{p.score:.3f}", name] for p in ps],
-            hovertemplate="%{text}<br>%{customdata[0]}<br>score %{customdata[1]}<br>%{customdata[2]}"
-                          "<extra></extra>",
-        )
-
-    fig = go.Figure()
-    if len(frontier) > 1:
-        fig.add_trace(go.Scatter(
-            x=[p.spend for p in frontier], y=[p.score for p in frontier], mode="lines", line_shape="hv",
-            line={"color": charts.COLORS["model"], "width": 2, "dash": "dot"}, hoverinfo="skip",
-            name="Pareto frontier",
-        ))
-    fig.add_trace(trace(frontier, charts.COLORS["model"], "circle", "on the Pareto frontier"))
-    if others:
-        fig.add_trace(trace(others, charts.COLORS["muted"], "circle-open", "dominated"))
-    spends = [p.spend for p in points]
-    low, high = math.log10(min(spends)), math.log10(max(spends))
-    pad = max(0.25, 0.1 * (high - low))
-    fig.update_layout(
-        title={"text": title, "x": 0, "xanchor": "left", "font": {"size": 14}},
-        paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)",
-        font={"color": charts.COLORS["fg"], "family": "system-ui, sans-serif", "size": 12},
-        margin={"l": 64, "r": 24, "t": 56, "b": 64},
-        showlegend=True,
-        legend={"orientation": "h", "x": 0, "y": -0.18, "font": {"color": charts.COLORS["muted"]}},
-        xaxis={"type": "log", "title": {"text": measure.axis}, "gridcolor": charts.COLORS["grid"],
-               "range": [low - pad, high + pad]},
-        yaxis={"title": {"text": "deck score"}, "gridcolor": charts.COLORS["grid"], "zeroline": False,
-               "range": [-0.08, 1.15]},
-    )
-    return charts._html(fig, div_id)
 
 
 # --------------------------------------------------------------------------------------------- page
