@@ -14,6 +14,8 @@ import html5lib
 import pytest
 from browsing import needs_chromium, serve, watch
 from site_fixtures import GPU, PROBLEM, SiteInputs, _result, _run, _shape_rows, make_site_inputs
+from site_pages import parse as _tree
+from site_pages import text as _text
 
 from kernelboard.eval.deck import load_problem
 from kernelboard.eval.tables import upsert
@@ -99,12 +101,8 @@ def eff_site(eff_inputs: SiteInputs, tmp_path_factory: pytest.TempPathFactory) -
     return out
 
 
-def _tree(path: Path) -> Element:
-    return html5lib.parse(path.read_bytes(), treebuilder="etree", namespaceHTMLElements=False)
 
 
-def _text(element: Element) -> str:
-    return " ".join("".join(element.itertext()).split())
 
 
 def _find(tree: Element, element_id: str) -> Element:

@@ -14,6 +14,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from site_fixtures import GPU, PROBLEM, SiteInputs
+from site_pages import html_pages
+from site_pages import parse as _tree
+from site_pages import text as _text
 
 from kernelboard.cli import main
 from kernelboard.errors import KernelboardError
@@ -27,16 +30,10 @@ BASE = "https://example.org/kernelboard/"
 META_PAGES = ("methodology/index.html", "downloads/index.html")
 
 
-def _tree(path: Path) -> ET.Element:
-    return html5lib.parse(path.read_bytes(), treebuilder="etree", namespaceHTMLElements=False)
 
 
-def _text(element: ET.Element) -> str:
-    return " ".join("".join(element.itertext()).split())
 
 
-def _pages(site: Path) -> list[str]:
-    return sorted(p.relative_to(site).as_posix() for p in site.rglob("*.html"))
 
 
 @pytest.fixture(scope="module")
@@ -189,3 +186,7 @@ def test_a_base_url_that_is_not_absolute_http_is_refused(site_inputs: SiteInputs
     with pytest.raises(KernelboardError, match="--base-url"):
         build_site(site_inputs.data_dir, site_inputs.decks_dir, tmp_path / "dist", base_url=bad)
     assert not (tmp_path / "dist").exists()
+
+
+def _pages(site: Path) -> list[str]:
+    return list(html_pages(site))

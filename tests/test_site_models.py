@@ -11,8 +11,6 @@ import datetime as dt
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
-from xml.etree.ElementTree import Element
 
 import html5lib
 import pyarrow.parquet as pq
@@ -33,6 +31,9 @@ from site_fixtures import (
     _shape_rows,
     make_site_inputs,
 )
+from site_pages import check_internal_links
+from site_pages import parse as _tree
+from site_pages import text as _text
 
 from kernelboard.eval.deck import load_problem
 from kernelboard.eval.hardware import GPUS
@@ -110,13 +111,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _tree(path: Path) -> Element:
-    return html5lib.parse(path.read_bytes(), treebuilder="etree", namespaceHTMLElements=False)
 
 
-def _text(element: Element | None) -> str:
-    assert element is not None
-    return " ".join("".join(element.itertext()).split())
 
 
 def _new_pages(site: Path) -> dict[str, Path]:
@@ -191,28 +187,7 @@ def test_the_script_model_is_escaped_everywhere(site: Path) -> None:
 
 
 def test_every_internal_link_on_the_new_pages_resolves(site: Path) -> None:
-    ids: dict[str, set[str]] = {}
-    checked = 0
-    for rel, path in _new_pages(site).items():
-        for element in _tree(path).iter():
-            for attr in ("href", "src"):
-                url = element.get(attr)
-                if url is None:
-                    continue
-                parts = urlsplit(url)
-                assert not parts.scheme and not parts.netloc and not url.startswith("/"), f"{rel}: {url!r}"
-                target = (path.parent / parts.path).resolve() if parts.path else path.resolve()
-                if target.is_dir():
-                    target = target / "index.html"
-                assert target.is_file(), f"{rel}: {attr}={url!r} -> {target} does not exist"
-                assert site.resolve() in target.parents, f"{rel}: {url!r} leaves the site"
-                if parts.fragment:
-                    key = target.relative_to(site.resolve()).as_posix()
-                    if key not in ids:
-                        ids[key] = {e.get("id") for e in _tree(target).iter() if e.get("id")}
-                    assert parts.fragment in ids[key], f"{rel}: {url!r}: no id {parts.fragment!r} in {key}"
-                checked += 1
-    assert checked > 60
+    assert check_internal_links(site, _new_pages(site), allow_external=False) > 60
 
 
 def test_the_new_pages_are_strictly_valid_html(site: Path) -> None:
