@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from typing import Any
 import torch
 
 from . import audit
+from .atomic import write_text_atomic
 from .correctness import Output, Verdict, compare, compare_topk, dtype_name
 from .deck import Problem, StressCase, load_problem
 from .failure import Failure, one_line
@@ -280,9 +280,7 @@ def baselines(job: dict[str, Any], result: dict[str, Any]) -> None:
 
 def _checkpoint(path: Path, rows: list[dict[str, Any]]) -> None:
     """The baseline rows measured so far, written atomically (the parent reads them if we are killed)."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"baselines": rows}, default=str))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps({"baselines": rows}, default=str))
 
 
 def _variant_fn(model: torch.nn.Module, variant: str, problem: Problem, reference: Any) -> Callable[..., Any]:

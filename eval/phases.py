@@ -9,10 +9,11 @@ rewrites the phase file fools the parent's clock, not the judge's.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
+
+from .atomic import write_text_atomic
 
 #: The judge's deadlines fall this long before the parent's, so it can kill the runner and write.
 DEADLINE_MARGIN_S = 1.0
@@ -38,9 +39,7 @@ class Phases:
             self.phase, self.since = phase, time.monotonic()
         self.result["phase"] = phase
         if self.path:
-            tmp = f"{self.path}.tmp"
-            Path(tmp).write_text(phase)
-            os.replace(tmp, self.path)
+            write_text_atomic(Path(self.path), phase)
 
     def deadline(self) -> tuple[float | None, str]:
         """(`time.monotonic()` deadline, or None when the job names no budget; the message the

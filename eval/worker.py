@@ -29,6 +29,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
+from .atomic import write_text_atomic
 from .failure import Failure, one_line
 from .phases import Phases
 
@@ -55,9 +56,7 @@ def start_runner(job: dict[str, Any]) -> tuple[BaseProcess, socket.socket]:
 
 
 def _write_result(path: Path, result: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, sort_keys=True, default=str))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(result, sort_keys=True, default=str))
 
 
 def main(argv: list[str]) -> int:
