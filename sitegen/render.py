@@ -26,9 +26,9 @@ from kernelboard.errors import KernelboardError
 
 from . import fingerprint as fp
 from .format import FILTERS
+from .highlight import HighlightCache, highlight_cache, pygments_css
 from .load import SiteData, load_site
 from .pages import link, plan
-from .views import HighlightCache, highlight_cache, pygments_css
 from .views_meta import (
     CSP,
     SITE_DESCRIPTION,
