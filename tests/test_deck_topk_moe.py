@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from grading import grade
 from torch.utils.flop_counter import FlopCounterMode
 
+from kernelboard.eval.correctness import compare_topk
 from kernelboard.eval.deck import Problem, Shape, evaluate_formula, load_problem
 from kernelboard.eval.plan import apply_shape, import_file
 
@@ -249,28 +250,6 @@ def test_ragged_routing_gives_valid_offsets_on_every_shape(moe, seed: int) -> No
 # ------------------------------------------------------------------------------ 05: ties and spikes
 
 
-def _topk_verdict(x: torch.Tensor, ref_values: torch.Tensor, out: object, atol: float, rtol: float) -> str | None:
-    """The comparison 05 needs (B.4.5, property phase), as an executable statement: why `out` is
-    not a valid top-k of `x`, or None."""
-    if not (isinstance(out, tuple | list) and len(out) == 2):
-        return "not a (values, indices) pair"
-    values, indices = out
-    if type(values) is not torch.Tensor or type(indices) is not torch.Tensor:
-        return "not plain tensors"
-    if values.dtype != torch.float32 or indices.dtype != torch.int64:
-        return "dtypes must be float32 and int64"
-    if values.shape != ref_values.shape or indices.shape != ref_values.shape:
-        return "shapes differ"
-    if bool(((indices < 0) | (indices >= x.shape[-1])).any()):
-        return "index out of range"
-    if bool((indices.sort(dim=-1).values.diff(dim=-1) == 0).any()):
-        return "repeated index in a row"
-    for got in (values, x.gather(-1, indices)):  # values by position, then what the indices point at
-        if torch.isnan(got).any() or not torch.allclose(got, ref_values, atol=atol, rtol=rtol):
-            return "values out of tolerance"
-    return None
-
-
 def test_clustered_spikes_reproduces_kernelbench_hard_on_shape_0(topk) -> None:
     problem, ref = topk
     apply_shape(ref, problem, problem.shapes[0])
@@ -297,7 +276,7 @@ def test_tied_boundaries_are_present_and_the_reference_stays_valid(topk, tie_run
         per_row = [spread[spread[:, 0] == r, 1] for r in range(x.shape[0])]
         assert all(int(c.min()) // width == int(c.max()) // width for c in per_row), shape.label
         values, indices = model(x)
-        assert _topk_verdict(x, values, (values, indices), 1e-4, 1e-4) is None, shape.label
+        assert compare_topk(x, (values, indices), (values, indices), 1e-4, 1e-4).ok, shape.label
 
 
 def test_the_comparison_rule_accepts_any_tie_break_and_nothing_else(topk) -> None:
@@ -310,13 +289,24 @@ def test_the_comparison_rule_accepts_any_tie_break_and_nothing_else(topk) -> Non
         spare = [int(c) for c in (x[r] == values[r, -1]).nonzero().flatten() if int(c) not in indices[r].tolist()]
         other[r, -1] = spare[0]
     assert not torch.equal(other, indices)
-    assert _topk_verdict(x, values, (values, other), 1e-4, 1e-4) is None
+    ref = (values, indices)
+
+    def why(out: tuple[torch.Tensor, torch.Tensor]) -> str:  # the grader's own rule (correctness.py)
+        verdict = compare_topk(x, ref, out, 1e-4, 1e-4)
+        return "ok" if verdict.ok else verdict.message
+
+    assert why((values, other)) == "ok"
     repeated = other.clone()
     repeated[:, -1] = repeated[:, -2]
-    assert _topk_verdict(x, values, (values, repeated), 1e-4, 1e-4) == "repeated index in a row"
-    assert _topk_verdict(x, values, (values, other.int()), 1e-4, 1e-4) == "dtypes must be float32 and int64"
-    assert _topk_verdict(x, values, (values.flip(-1), other), 1e-4, 1e-4) == "values out of tolerance"
-    assert _topk_verdict(x, values, values, 1e-4, 1e-4) == "not a (values, indices) pair"
+    assert why((values, repeated)) == "row 0 names the same index twice"
+    outside = other.clone()
+    outside[0, 0] = x.shape[-1]
+    assert why((values, outside)) == f"1 indices outside [0, {x.shape[-1]})"
+    assert why((values.flip(-1), other)).startswith("values: ")
+    elsewhere = other.clone()
+    elsewhere[:, 0] = torch.argmin(x, dim=-1)  # values kept, but the first index points at the row's minimum
+    assert why((values, elsewhere)).startswith("the inputs at the returned indices: ")
+    # Tuple shape and dtypes are checked before this rule: see test_topk_verdicts_name_what_is_wrong.
 
 
 # ------------------------------------------------------------------------------ 06 graded end to end
