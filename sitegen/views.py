@@ -29,7 +29,6 @@ from .board import (
     Board,
     build_boards,
     gpu_label,
-    gpu_order,
     problem_entries,
     reason_for,
 )
@@ -69,18 +68,38 @@ def peak_text(problem: Problem, hardware: Hardware | None) -> str:
 
 
 @dataclass(frozen=True)
-class GpuSection:
+class GpuTab:
+    """One GPU's board inside a bench section of the home page: a tab with JavaScript, a section without."""
+
+    bench: str
     gpu: str
     label: str
     is_cpu: bool
     hardware: Hardware | None
-    boards: tuple[Board, ...]  # each cut to its top HOME_MODEL_ROWS model rows (plus its house rows)
-    hidden: dict[str, int] = dataclasses.field(default_factory=dict)  # bench -> model rows left off
+    board: Board  # cut to its top HOME_MODEL_ROWS model rows (plus its house rows)
+    hidden: int  # model rows left off (they are on the GPU page)
+
+    @property
+    def id(self) -> str:
+        """The tab panel's id and URL hash, e.g. 'hard-h200': unique across benches, stable for deep links."""
+        return f"{self.bench}-{self.gpu}"
+
+
+@dataclass(frozen=True)
+class BenchSection:
+    """One bench (deck) on the home page, with a tab per GPU it has results on."""
+
+    bench: str
+    label: str
+    tabs: tuple[GpuTab, ...]
 
 
 #: Model rows a home board shows: the top ranks (house rows always follow); the GPU page has them all.
 #: Keeps the home page light however many models have run: 10 rows × 6 problems × 4 GPUs ≈ 120 KB.
 HOME_MODEL_ROWS = 10
+
+#: Benches in home page order: these first, any other after them in name order.
+BENCH_ORDER = ("hard", "mega")
 
 
 def _top(board: Board) -> tuple[Board, int]:
@@ -92,13 +111,22 @@ def _top(board: Board) -> tuple[Board, int]:
             len(models) - HOME_MODEL_ROWS)
 
 
-def home(data: SiteData) -> dict[str, Any]:
+def bench_sections(data: SiteData) -> list[BenchSection]:
+    """A section per bench that has graded results, each with its GPU tabs in `gpu_order`
+    (build_boards already yields boards in that order)."""
     boards = build_boards(data)
+    benches = sorted({b.bench for b in boards},
+                     key=lambda b: (BENCH_ORDER.index(b) if b in BENCH_ORDER else len(BENCH_ORDER), b))
     sections = []
-    for gpu in gpu_order(b.gpu for b in boards):
-        cut = [(b, *_top(b)) for b in boards if b.gpu == gpu]
-        sections.append(GpuSection(gpu, gpu_label(data, gpu), gpu == CPU_KEY, data.hardware.get(gpu),
-                                   tuple(top for _, top, _ in cut), {b.bench: n for b, _, n in cut if n}))
+    for bench in benches:
+        tabs = tuple(GpuTab(bench, b.gpu, b.label, b.is_cpu, data.hardware.get(b.gpu), *_top(b))
+                     for b in boards if b.bench == bench)
+        sections.append(BenchSection(bench, bench.title(), tabs))
+    return sections
+
+
+def home(data: SiteData) -> dict[str, Any]:
+    sections = bench_sections(data)
     return {
         "title": "Leaderboards",
         "sections": sections,

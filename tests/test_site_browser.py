@@ -65,17 +65,18 @@ def test_the_boards_read_without_javascript(browser: Browser, site_url: str) -> 
 
 
 def test_gpu_tabs_switch_and_degrade_to_sections(browser: Browser, site_url: str) -> None:
+    """One bench, two GPUs: the bench section's tablist (more benches: test_site_home.py)."""
     page = browser.new_page()
     problems = watch(page)
     page.goto(site_url)
-    tabs = page.locator("nav.toc[role=tablist] a[role=tab]")
+    tabs = page.locator("section#hard nav[role=tablist] a[role=tab]")
     assert tabs.count() == 2
-    gpu, cpu = page.locator(f"section#gpu-{GPU}"), page.locator("section#gpu-cpu")
+    gpu, cpu = page.locator(f"section#hard-{GPU}"), page.locator("section#hard-cpu")
     assert gpu.is_visible() and not cpu.is_visible()
     assert tabs.nth(0).get_attribute("aria-selected") == "true"
     tabs.nth(1).click()
     assert cpu.is_visible() and not gpu.is_visible()
-    assert tabs.nth(1).get_attribute("aria-selected") == "true" and page.url.endswith("#gpu-cpu")
+    assert tabs.nth(1).get_attribute("aria-selected") == "true" and page.url.endswith("#hard-cpu")
     tabs.nth(1).press("ArrowLeft")  # keyboard: back to the first tab
     assert gpu.is_visible() and tabs.nth(0).get_attribute("aria-selected") == "true"
     page.goto(f"{site_url}#board-cpu-hard")  # a deep link into a hidden tab opens that tab
@@ -86,7 +87,7 @@ def test_gpu_tabs_switch_and_degrade_to_sections(browser: Browser, site_url: str
     context = browser.new_context(java_script_enabled=False)
     still = context.new_page()
     still.goto(site_url)
-    assert still.locator(f"section#gpu-{GPU}").is_visible() and still.locator("section#gpu-cpu").is_visible()
+    assert still.locator(f"section#hard-{GPU}").is_visible() and still.locator("section#hard-cpu").is_visible()
     context.close()
 
 
