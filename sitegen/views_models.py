@@ -196,9 +196,12 @@ class ModelPages:
         }
 
     def _compare(self, model: str) -> dict[str, Any] | None:
-        """Problem × GPU of the model's cells (GPUs only: CPU test timings are never compared)."""
+        """Problem × GPU of the model's cells (GPUs only: CPU test timings are never compared). Each pass
+        carries its share of the row's best speedup, drawn as a bar, so the GPU where the model does worse
+        stands out at a glance; a last row per bench gives the board score and rank on each GPU."""
         cells: dict[tuple[str, str], dict[str, Cell | None]] = defaultdict(dict)
         problems: dict[tuple[str, str], Problem] = {}
+        standing: dict[str, dict[str, tuple[Row, int]]] = defaultdict(dict)  # bench -> gpu -> (row, ranked)
         gpus = []
         for board in self.boards:
             row = next((r for r in board.rows if r.model == model), None)
@@ -206,13 +209,23 @@ class ModelPages:
                 continue
             if board.gpu not in gpus:
                 gpus.append(board.gpu)
+            standing[board.bench][board.gpu] = (row, sum(1 for r in board.rows if r.rank is not None))
             for problem, cell in zip(board.problems, row.cells, strict=True):
                 key = (problem.bench, problem.name)
                 problems[key] = problem
                 cells[key][board.gpu] = cell
         if not gpus:
             return None
+        rows = []
+        for key in sorted(problems):
+            line = [cells[key].get(g) for g in gpus]
+            best = max((c.result.speedup_vs_compile or 0.0 for c in line if c is not None and c.state == "pass"),
+                       default=0.0)
+            rows.append((problems[key], [
+                (c, (c.result.speedup_vs_compile or 0.0) / best if c is not None and c.state == "pass" and best
+                 else None) for c in line]))
         return {
             "gpus": [(g, gpu_label(self.data, g)) for g in gpus],
-            "rows": [(problems[k], [cells[k].get(g) for g in gpus]) for k in sorted(problems)],
+            "rows": rows,
+            "standing": [(bench, [standing[bench].get(g) for g in gpus]) for bench in sorted(standing)],
         }

@@ -202,6 +202,10 @@ def test_model_page_cards_attempts_and_gpus(site: Path) -> None:
     compare = fable.find(".//section[@id='across-gpus']//table")
     assert [_text(th) for th in compare.iterfind("./thead/tr/th")] == ["problem", "NVIDIA H100 SXM5", "NVIDIA H200 SXM"]
     assert [_text(td) for td in compare.iterfind("./tbody/tr/td")] == ["1.07×", "1.86×"]  # slower on the H100
+    bars = [b.get("style") for b in compare.iterfind("./tbody/tr/td/span/span[@class='bar']")]
+    assert bars[1] == "width: 100.0%" and float(bars[0].split()[1].rstrip("%")) < 60  # the H100 bar: shorter
+    standing = [_text(td) for td in compare.iterfind("./tfoot/tr/td")]
+    assert standing[1] == "1.000 rank 1 of 3" and standing[0].endswith("of 2")  # board score and rank per GPU
     attempts = [_text(r) for r in fable.iterfind(".//section[@id='attempts']//tbody/tr")]
     assert len(attempts) == 2 and all(a.startswith(PASS) for a in attempts)
 
