@@ -39,13 +39,16 @@ from .load import CPU_KEY, Hardware, Problem, Result, ShapeResult, SiteData
 
 @lru_cache(maxsize=256)
 def _markdown(text: str) -> Markup:
-    """CommonMark plus tables, raw HTML off, headings moved one level down (the page owns h1).
+    """CommonMark plus tables, raw HTML off, headings moved one level down (the page owns h1), table
+    headers scoped.
     Cached per text: the same README or prose renders once per process."""
     md = MarkdownIt("commonmark", {"html": False}).enable("table")
     tokens = md.parse(text)
     for token in tokens:
         if token.type in ("heading_open", "heading_close"):
             token.tag = f"h{min(int(token.tag[1]) + 1, 6)}"
+        elif token.type == "th_open":  # Markdown tables only have column headers: say so to screen readers
+            token.attrSet("scope", "col")
     return Markup(md.renderer.render(tokens, md.options, {}))
 
 
