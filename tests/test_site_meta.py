@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from click.testing import CliRunner
-from site_fixtures import GPU, PROBLEM, SiteInputs
+from site_fixtures import DNF, GPU, PASS, PROBLEM, SiteInputs
 from site_pages import html_pages
 from site_pages import parse as _tree
 from site_pages import text as _text
@@ -138,6 +138,24 @@ def test_every_page_has_the_csp_nav_and_og_tags(built_site: Path) -> None:
         assert {"og:title", "og:description", "og:type"} <= set(og) and "og:url" not in og, rel
         nav = [_text(a) for a in _tree(built_site / rel).findall(".//nav[@class='site-nav']//a")]
         assert nav == ["Home", "Models", "Efficiency", "Methodology", "Downloads"], rel
+
+
+def test_pages_describe_themselves_for_link_previews(built_site: Path) -> None:
+    """A shared link to a run, problem, model or GPU page previews what that page holds, not the site blurb."""
+    def og(rel: str) -> str:
+        head = _tree(built_site / rel).find("head")
+        content = {m.get("property"): m.get("content") for m in head.findall("meta") if m.get("property")}
+        assert content["og:description"] == head.find("meta[@name='description']").get("content")
+        return content["og:description"]
+
+    assert og(f"runs/{GPU}/{PASS}/index.html").startswith(
+        "Fable 5 on Paged Attention Decode (Hard deck, NVIDIA H200 SXM): 1.86× over torch.compile.")
+    assert og(f"runs/{GPU}/{DNF}/index.html").startswith("Kinetic K3 <beta> on Paged Attention Decode (Hard deck, "
+                                                        "NVIDIA H200 SXM): DNF (rate limited).")
+    assert og(f"problems/hard/{PROBLEM}/index.html").startswith("Paged Attention Decode (Hard deck): ")
+    assert og("models/fable-5/index.html").startswith("Fable 5: ")
+    assert og(f"gpu/{GPU}/index.html").startswith("NVIDIA H200 SXM leaderboard: ")
+    assert og("index.html") != og(f"gpu/{GPU}/index.html")
 
 
 def test_no_page_has_an_inline_script(built_site: Path) -> None:
