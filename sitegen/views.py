@@ -32,7 +32,7 @@ from .board import (
     problem_entries,
     reason_for,
 )
-from .format import num, speedup
+from .format import num, pct, speedup
 from .highlight import highlight_python
 from .load import CPU_KEY, Hardware, Problem, Result, ShapeResult, SiteData
 
@@ -244,10 +244,12 @@ class Arithmetic:
 
     terms: tuple[str, ...]
     value: float
+    percent: bool = False  # a roofline fraction (terms and value in %), not a speedup
 
     @property
     def text(self) -> str:
-        return f"({' × '.join(self.terms)})^(1/{len(self.terms)}) = {speedup(self.value)}"
+        value = pct(self.value) if self.percent else speedup(self.value)
+        return f"({' × '.join(self.terms)})^(1/{len(self.terms)}) = {value}"
 
 
 def _arithmetic(shapes: tuple[ShapeResult, ...]) -> Arithmetic | None:
@@ -255,6 +257,14 @@ def _arithmetic(shapes: tuple[ShapeResult, ...]) -> Arithmetic | None:
     if not values or any(v is None for v in values):
         return None
     return Arithmetic(tuple(f"{v:.3f}" for v in values), geomean(values))  # type: ignore[arg-type]
+
+
+def _roofline_arithmetic(shapes: tuple[ShapeResult, ...]) -> Arithmetic | None:
+    """The headline roofline fraction written out from the per-shape fractions, like the speedup."""
+    values = [s.peak_fraction for s in shapes]
+    if not values or any(v is None or v <= 0 for v in values):
+        return None
+    return Arithmetic(tuple(f"{100 * v:.2f}%" for v in values), geomean(values), percent=True)  # type: ignore[arg-type]
 
 
 def _params(shape_json: str) -> str:
@@ -284,6 +294,8 @@ def run(data: SiteData, result: Result) -> dict[str, Any]:
         "outcome_label": OUTCOME_LABELS[the_run.agent_outcome],
         "cpu_timings": result.timer == "cpu_wall",
         "arithmetic": _arithmetic(result.shapes) if result.is_pass else None,
+        "roofline_arithmetic": _roofline_arithmetic(result.shapes)
+        if result.is_pass and result.peak_fraction is not None else None,
         "shape_params": {s.shape_idx: _params(s.shape_json) for s in result.shapes},
         "peak_text": peak_text(prob, data.hardware.get(result.gpu)),
         "source_html": highlight_python(source) if source is not None else None,

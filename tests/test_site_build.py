@@ -178,6 +178,7 @@ def test_run_page_prints_its_arithmetic_and_provenance(built_site: Path) -> None
     page = _text(_tree(built_site / "runs" / GPU / PASS / "index.html"))
     assert "1.86× geomean speedup over torch.compile" in page
     assert "geomean = (1.857 × 1.857 × 1.857 × 1.857 × 1.857)^(1/5) = 1.86×" in page
+    assert "roofline geomean = (52.00% × 52.00% × 52.00% × 52.00% × 52.00%)^(1/5) = 52.0%" in page
     for fact in ("NVIDIA H200", "580.95.05", "12.8", "2.11.0", "3.5.0", "42, 123, 456", "cuda_event",
                  "2026-11-29 19:30 UTC", "1,843,002 in", "Anthropic", "huggingface.co/datasets/example"):
         assert fact in page
