@@ -186,6 +186,14 @@ class _Fields:
         return value
 
 
+def _library(data: dict[Any, Any], where: str) -> dict[str, str]:
+    """Library line name -> reference.py function; both strings (YAML reads `off:` as False)."""
+    for name, function in data.items():
+        if not isinstance(name, str) or not isinstance(function, str) or not function.isidentifier():
+            raise DeckError(f"{where}: expected 'name: function_in_reference_py' strings, got {name!r}: {function!r}")
+    return dict(data)
+
+
 def _tolerances(data: Any, where: str) -> dict[str, tuple[float, float]]:
     out = {}
     for dtype, spec in _Fields(data, where).data.items():
@@ -274,7 +282,7 @@ def load_native_problem(folder: Path) -> Problem:
         forbidden_ops=tuple(str(x) for x in f.get("forbidden_ops", list, [])),
         forbidden_kernels=tuple(str(x) for x in f.get("forbidden_kernels", list, [])),
         require_own_kernel=f.get("require_own_kernel", bool, False),
-        library={str(k): str(v) for k, v in f.get("library", dict, {}).items()},
+        library=_library(f.get("library", dict, {}), f"{path}: library"),
         solution_class=f.get("solution_class", str, "Model"),
         weight_transfer=_choice(f, "weight_transfer", ("state_dict", "seed"), "state_dict"),
         output_rule=_choice(f, "output_rule", OUTPUT_RULES, "allclose"),

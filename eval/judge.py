@@ -35,7 +35,7 @@ import torch
 
 from . import audit
 from .atomic import write_text_atomic
-from .correctness import Output, Verdict, compare, compare_topk, dtype_name
+from .correctness import Output, Verdict, check_type, compare, compare_topk, dtype_name
 from .deck import Problem, StressCase, load_problem
 from .failure import Failure, one_line
 from .link import Received, Reply, RunnerLink
@@ -72,7 +72,20 @@ def _judge(problem: Problem, ref: Output, got: Received, inputs: list[Any], case
     if got.device != str(device):
         return Verdict(False, f"output device {got.device} != expected {device}")
     outs = got.tensor if isinstance(got.tensor, tuple) else (got.tensor,)
-    outs = tuple(o.to(device) for o in outs)
+    return judge_values(problem, ref, tuple(o.to(device) for o in outs), inputs, case)
+
+
+def judge_values(problem: Problem, ref: Output, outs: tuple[torch.Tensor, ...], inputs: list[Any],
+                 case: StressCase | None) -> Verdict:
+    """Output tensors (on the reference's device) against the reference's, under the problem's
+    output rule and the case's tolerance: the rule a solution is held to, and a library line too."""
+    parts = ref if isinstance(ref, tuple) else (ref,)
+    if len(outs) != len(parts):
+        return Verdict(False, f"{len(outs)} outputs, expected {len(parts)}")
+    for i, (r, o) in enumerate(zip(parts, outs, strict=True)):
+        why = check_type(r, o)
+        if why is not None:
+            return Verdict(False, why if len(parts) == 1 else f"output {i}: {why}")
     if problem.output_rule == "topk" and len(parts) == 2:
         atol, rtol = problem.tolerance_for(dtype_name(parts[0].dtype), case)
         return compare_topk(inputs[0], parts, outs, atol, rtol)
@@ -266,8 +279,13 @@ def baselines(job: dict[str, Any], result: dict[str, Any]) -> None:
             try:
                 fn = _variant_fn(model, variant, problem, reference)
                 stats, _ = _time(fn, plan.timing_sets, device, env, job.get("rep_ms"))
-                row.update(status="ok", message="ok", **stats.row())
-                print(f"[baseline] shape {shape.idx} {variant}: {stats.median_ms:.4f} ms", flush=True)
+                wrong = None if variant == "eager" else _baseline_mismatch(problem, plan, fn)
+                if wrong is None:
+                    row.update(status="ok", message="ok", **stats.row())
+                    print(f"[baseline] shape {shape.idx} {variant}: {stats.median_ms:.4f} ms", flush=True)
+                else:  # a wrong answer's time is not a ceiling
+                    row.update(status="wrong", message=wrong)
+                    print(f"[baseline] shape {shape.idx} {variant}: wrong: {wrong}", flush=True)
             except Exception as exc:  # a baseline that cannot run is recorded, not fatal
                 row.update(status="error", message=one_line(type(exc).__name__, str(exc)))
                 print(f"[baseline] shape {shape.idx} {variant}: {row['message']}", flush=True)
@@ -276,6 +294,24 @@ def baselines(job: dict[str, Any], result: dict[str, Any]) -> None:
         if job.get("checkpoint_path"):
             _checkpoint(Path(job["checkpoint_path"]), rows)
     result.update(status="ok", message="ok", baselines=rows)
+
+
+def _baseline_mismatch(problem: Problem, plan: ShapePlan, fn: Callable[..., Any]) -> str | None:
+    """Why a compiled or library variant's outputs on the timing sets differ from the eager
+    reference's (under the rule and tolerance a solution is held to), or None if they agree.
+
+    Each set is called once more and its output copied at once: outputs kept from the timing loop
+    may be overwritten by the next call (max-autotune's CUDA graphs reuse their output memory)."""
+    for i, (ref, inputs) in enumerate(zip(plan.timing_refs, plan.timing_sets, strict=True)):
+        out = fn(*inputs)
+        parts = out if isinstance(out, tuple) else (out,)
+        outs = tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in parts)
+        if not all(isinstance(o, torch.Tensor) for o in outs):
+            return f"input set {i}: returned {type(out).__name__}, not tensors"
+        verdict = judge_values(problem, ref, outs, inputs, None)
+        if not verdict.ok:
+            return f"input set {i}: {verdict.message}"
+    return None
 
 
 def _checkpoint(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -33,7 +33,7 @@ from .hardware import GPUS, GpuSpec, gpu_key
 from .sandbox import driver_version, finish_prebuild, gpu_lock, probe_device, run_worker, start_prebuild
 from .schema import DNF_OUTCOMES
 from .scoring import best_compile, result_row, shape_rows
-from .settings import BASELINE_VARIANTS, GRADER_VERSION
+from .settings import BASELINE_VARIANTS, GRADER_VERSION, baseline_reusable
 from .submission import Submission, discover
 from .tables import read_table, table_path, upsert
 
@@ -80,7 +80,7 @@ def _cached_baselines(out: Path, gpu: str, problem: Problem, env: dict[str, Any]
         same = (row["problem"] == problem.name and row["bench"] == problem.bench
                 and row["device_name"] == env["device_name"] and row["torch_version"] == env["torch_version"]
                 and row["triton_version"] == env.get("triton_version")
-                and row["grader_version"] == GRADER_VERSION)
+                and baseline_reusable(row["variant"], row["grader_version"]))
         if same:
             found.setdefault(row["shape_idx"], {})[row["variant"]] = row
     return found

@@ -196,6 +196,6 @@ ENUMS: dict[tuple[str, str], tuple[str, ...]] = {
     ("results", "status"): STATUSES,
     ("results", "timer"): TIMERS,
     ("baselines", "timer"): TIMERS,
-    ("baselines", "status"): ("ok", "error"),
+    ("baselines", "status"): ("ok", "error", "wrong"),
     ("shapes", "bound"): REGIMES,
 }

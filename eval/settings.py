@@ -12,8 +12,13 @@ from dataclasses import dataclass
 
 from kernelboard import __version__
 
-#: Written into every result and baseline row; cached rows of another version are re-measured.
+#: Written into every result and baseline row; results of another version are regraded (--resume).
 GRADER_VERSION = __version__
+#: Cached baseline rows are reused from any grader version from this one up to GRADER_VERSION:
+#: raise it whenever timing or the baseline worker changes what a baseline row means.
+#: Eager and compile rows have been measured the same way since 0.2.0; library rows are checked
+#: against the reference (a wrong one records no time) since 0.2.2.
+BASELINE_METHOD_SINCE: dict[str, str] = {"eager": "0.2.0", "compile": "0.2.0", "library": "0.2.2"}
 
 #: The reference is timed eager and through torch.compile; the headline is the faster compile mode.
 BASELINE_VARIANTS: dict[str, tuple[str, ...]] = {"cuda": ("eager", "compile:default", "compile:max-autotune"),
@@ -65,3 +70,15 @@ CUDA_TIMER = TimerDefaults(warmup_ms=100.0, min_warmup=10, rep_ms=400.0, min_ite
 CPU_TIMER = TimerDefaults(warmup_ms=50.0, min_warmup=3, rep_ms=200.0, min_iters=10, max_iters=200)
 #: Bytes written before each CPU timed call (a cache-sized buffer).
 CPU_FLUSH_BYTES = 64 << 20
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """'0.2.1' -> (0, 2, 1); a suffix such as '.dev3' or '+local' is ignored."""
+    return tuple(int(part) for part in re.findall(r"\d+", text.split("+")[0].split(".dev")[0])[:3])
+
+
+def baseline_reusable(variant: str, measured_by: str) -> bool:
+    """Whether a cached baseline row of `variant` measured by grader `measured_by` means what this
+    grader would measure now (see BASELINE_METHOD_SINCE)."""
+    since = BASELINE_METHOD_SINCE[variant.split(":", 1)[0]]
+    return _version(since) <= _version(measured_by) <= _version(GRADER_VERSION)

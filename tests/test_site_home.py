@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import html5lib
 import pytest
 from browsing import needs_chromium, serve, watch
 from site_fixtures import BENCH, GPU, PROBLEM, SiteInputs, _result, _run, _shape_rows, make_site_inputs
@@ -70,6 +71,7 @@ def two_bench_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_section_per_bench_each_with_its_gpu_tabs(two_bench_site: Path) -> None:
+    html5lib.HTMLParser(strict=True).parse((two_bench_site / "index.html").read_bytes())
     home = parse(two_bench_site / "index.html")
     sections = home.findall(".//main/section[@class='bench']")
     assert [s.get("id") for s in sections] == [BENCH, MEGA]  # Hard first, then Mega

@@ -166,3 +166,13 @@ def long_memory(inputs, split_chunks, key_millivalue, query_scale_percent, value
 
 def get_init_inputs():
     return [B, T, H, K, V, CHUNK_SIZE]
+
+
+def library_fla_chunk_kda(model, q, k, v, g, beta):
+    """The library line: flash-linear-attention's `fla.ops.kda.chunk_kda` (Triton, `fla-core`),
+    with the per-step log decay g (FLA cumulates it per chunk of 64 itself) and the model's scale.
+    Imported here, so a machine without FLA records the import error as this line's result."""
+    from fla.ops.kda import chunk_kda
+
+    out, _ = chunk_kda(q, k, v, g, beta, scale=model.scale)
+    return out.to(v.dtype)

@@ -81,3 +81,24 @@ def get_inputs():
 
 def get_init_inputs():
     return [M, N, K]
+
+
+def _tinygemm_operands(model):
+    """The model's weights in tinygemm's layout, once: codes as (N, K/2) bytes (even k in the
+    high nibble) converted by `_convert_weight_to_int4pack`, and (K/g, N, 2) bf16 scale and zero
+    with tinygemm's dequantisation w = (code − 8)·scale + zero, so zero = (8 − zero point)·scale."""
+    codes = _unpack_int4(model.w_q).t().contiguous()  # (N, K)
+    pairs = ((codes[:, 0::2] << 4) | codes[:, 1::2]).to(torch.uint8)
+    packed = torch.ops.aten._convert_weight_to_int4pack(pairs, 8)
+    shift = ((8 - model.zeros.float()) * model.scales.float()).to(torch.bfloat16)
+    return packed, torch.stack((model.scales, shift), dim=-1).contiguous()
+
+
+def library_tinygemm(model, x):
+    """The library line: PyTorch's int4 GEMM (`aten._weight_int4pack_mm`, tinygemm, CUDA), the
+    same asymmetric int4 format with its zero point folded into an additive bf16 term; the weights
+    are repacked once, outside the timed calls' cost (the first call, a warm-up, does it)."""
+    if getattr(model, "_tinygemm", None) is None:
+        model._tinygemm = _tinygemm_operands(model)
+    packed, scales_and_zeros = model._tinygemm
+    return torch.ops.aten._weight_int4pack_mm(x.to(torch.bfloat16), packed, model.group_size, scales_and_zeros)
