@@ -8,7 +8,9 @@ GitHub Pages, and from `python -m http.server`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from . import views, views_efficiency, views_meta, views_models
@@ -55,11 +57,16 @@ def root_for(path: str) -> str:
 
 @dataclass(frozen=True)
 class Page:
-    """One page to render: its kind, output path and template context (without `root`)."""
+    """One page to render: its kind, output path, and how to build its template context (without
+    `root`). Contexts are built when the page renders, in whichever build worker renders it: ten
+    thousand run contexts (highlighted source included) would otherwise be built, and held, up front."""
 
     kind: str
     path: str
-    context: dict[str, Any]
+    make_context: Callable[[], dict[str, Any]]
+
+    def context(self) -> dict[str, Any]:
+        return self.make_context()
 
     @property
     def template(self) -> str:
@@ -71,21 +78,23 @@ class Page:
 
 
 def plan(data: SiteData) -> list[Page]:
-    """Every page of the site, in output-path order."""
-    pages = [Page("home", page_path("home"), views.home(data))]
-    pages.append(Page("methodology", page_path("methodology"), views_meta.methodology(data)))
-    pages.append(Page("downloads", page_path("downloads"), views_meta.downloads(data)))
+    """Every page of the site, in output-path order. What several pages share (the boards of
+    `ModelPages`) is built here, once, before any page renders."""
+    pages = [Page("home", page_path("home"), partial(views.home, data))]
+    pages.append(Page("methodology", page_path("methodology"), partial(views_meta.methodology, data)))
+    pages.append(Page("downloads", page_path("downloads"), partial(views_meta.downloads, data)))
     for bench, problem in sorted(data.problems):
         pages.append(Page("problem", page_path("problem", bench=bench, problem=problem),
-                          views.problem(data, bench, problem)))
+                          partial(views.problem, data, bench, problem)))
     for result in data.results:
         pages.append(Page("run", page_path("run", gpu=result.gpu, run_id=result.run_id),
-                          views.run(data, result)))
+                          partial(views.run, data, result)))
     if data.results:  # score against spend per board; with nothing graded the site is the home page alone
-        pages.append(Page("efficiency", page_path("efficiency"), views_efficiency.efficiency(data)))
+        pages.append(Page("efficiency", page_path("efficiency"), partial(views_efficiency.efficiency, data)))
     if data.runs:  # one leaderboard page per GPU, the models index, one page per model
         models = views_models.ModelPages(data)
-        pages += [Page("gpu", page_path("gpu", gpu=gpu), models.gpu(gpu)) for gpu in models.gpus]
-        pages.append(Page("models", page_path("models"), models.index()))
-        pages += [Page("model", page_path("model", model=models.slugs[m]), models.model(m)) for m in models.models]
+        pages += [Page("gpu", page_path("gpu", gpu=gpu), partial(models.gpu, gpu)) for gpu in models.gpus]
+        pages.append(Page("models", page_path("models"), models.index))
+        pages += [Page("model", page_path("model", model=models.slugs[m]), partial(models.model, m))
+                  for m in models.models]
     return sorted(pages, key=lambda p: p.path)

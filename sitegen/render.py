@@ -1,21 +1,22 @@
-"""Build the site: read and validate everything, render every page in memory, then swap it in.
+"""Build the site: read and validate everything, render every page into a fresh folder, then swap it in.
 
 `build_site` is a pure function of the data, the decks, `templates/` and `static/`: the same
 inputs give the same bytes (sorted iteration, fixed chart ids, the date taken from
 `SOURCE_DATE_EPOCH` or the newest `graded_at`, never the wall clock). Nothing is written until
-every page has rendered; the new site is written into a fresh folder beside `out_dir` and
-renamed into place, so a failed build leaves the previous site untouched.
+the data has loaded and validated; the new site is written into a fresh folder beside `out_dir`
+(by worker processes, see `output.py`) and renamed into place, so a failed build leaves the
+previous site untouched.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import plotly.offline
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, pass_context, select_autoescape
@@ -28,7 +29,8 @@ from . import fingerprint as fp
 from .format import FILTERS
 from .highlight import HighlightCache, highlight_cache, pygments_css
 from .load import SiteData, load_site
-from .pages import link, plan
+from .output import PARALLEL_MIN_PAGES, Workers, default_jobs, new_folder, swap_in, write_files
+from .pages import Page, link, page_path, plan
 from .views_meta import (
     CSP,
     SITE_DESCRIPTION,
@@ -140,21 +142,27 @@ def _assets(fingerprint: str | None = None) -> dict[str, bytes]:
     return files
 
 
-def render_all(data: SiteData, env: Environment | None = None, base_url: str | None = None) -> dict[str, bytes]:
-    """Every page rendered in memory: output path -> bytes. `base_url` (absolute, ending in '/') gives
-    pages their og:url; without it pages carry no absolute address."""
-    env = env or make_env()
-    site = {"version": __version__, "last_updated": _last_updated(data), "csp": CSP,
+def _site(data: SiteData, base_url: str | None) -> dict[str, Any]:
+    """What every page's base template reads."""
+    return {"version": __version__, "last_updated": _last_updated(data), "csp": CSP,
             "description": SITE_DESCRIPTION, "base_url": base_url, "provenance": provenance(data),
             # nav links to the pages `plan` builds only when there is something to show
             "has_models": bool(data.runs), "has_efficiency": bool(data.results)}
-    out = {}
-    for page in plan(data):
-        html = env.get_template(page.template).render(page.context, root=page.root, site=site, kind=page.kind,
-                                                      page_url=page_url(base_url, page.path))
-        out[page.path] = html.encode()
-    return out
 
+
+def _render(env: Environment, page: Page, site: dict[str, Any], base_url: str | None) -> bytes:
+    html = env.get_template(page.template).render(page.context(), root=page.root, site=site, kind=page.kind,
+                                                  page_url=page_url(base_url, page.path))
+    return html.encode()
+
+
+def render_all(data: SiteData, env: Environment | None = None, base_url: str | None = None) -> dict[str, bytes]:
+    """Every page rendered in memory, in one process: output path -> bytes. `base_url` (absolute, ending
+    in '/') gives pages their og:url; without it pages carry no absolute address. `build_site` renders
+    the same bytes, spread over worker processes that write as they go."""
+    env = env or make_env()
+    site = _site(data, base_url)
+    return {page.path: _render(env, page, site, base_url) for page in plan(data)}
 
 def _check_out_dir(out_dir: Path) -> None:
     """Refuse to replace anything but a previous build (or nothing, or an empty folder)."""
@@ -165,35 +173,8 @@ def _check_out_dir(out_dir: Path) -> None:
                                "refusing to replace it — pick another --out or remove it yourself")
 
 
-def _write_tree(root: Path, files: dict[str, bytes]) -> None:
-    made: set[str] = set()
-    for rel, content in sorted(files.items()):
-        folder = os.path.dirname(rel)
-        if folder not in made:
-            (root / folder).mkdir(parents=True, exist_ok=True)
-            made.add(folder)
-        with open(root / rel, "wb") as f:
-            f.write(content)
-
-
-def _swap_in(new: Path, out_dir: Path) -> None:
-    """Move the finished site to `out_dir`; the previous one is renamed aside, then deleted."""
-    if not out_dir.exists():
-        os.rename(new, out_dir)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
-    os.rename(out_dir, old / "site")
-    try:
-        os.rename(new, out_dir)
-    except BaseException:
-        os.rename(old / "site", out_dir)
-        raise
-    finally:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | None = None, *,
-               force: bool = False, cache_dir: Path | bool | None = True) -> BuildReport:
+               force: bool = False, cache_dir: Path | bool | None = True, jobs: int | None = None) -> BuildReport:
     """Load, validate and render everything, then replace `out_dir` with the new site in one rename.
 
     With `base_url` (the site's absolute address, see `views_meta.normalize_base_url`) the build also
@@ -203,6 +184,10 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
     already holds a build with the same fingerprint, nothing is done and the report says `unchanged`
     (`force=True` builds anyway). Highlighted sources are cached by content hash in `cache_dir`
     (default: `default_cache_dir()`; False: no disk cache).
+
+    Pages render and are written by `jobs` forked workers (`output.Workers`; default: every CPU this
+    process may use once the site has `output.PARALLEL_MIN_PAGES` pages, else one process). The bytes
+    are the same however many.
 
     Raises `DataError` or `DeckError` for bad input (nothing is written), and `KernelboardError`
     when `out_dir` is something other than a previous build.
@@ -216,29 +201,55 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
     base_url = normalize_base_url(base_url)
     _check_out_dir(out_dir)
     folder = default_cache_dir() if cache_dir is True else (Path(cache_dir) if cache_dir else None)
-    folder = folder / "highlight" if folder is not None else None
-    cache = HighlightCache(folder)
+    cache = HighlightCache(folder / "highlight" if folder is not None else None)
     previous = highlight_cache(cache)
     try:
-        pages = render_all(data, base_url=base_url)
+        pages = plan(data)
+        if jobs is None:
+            jobs = default_jobs() if len(pages) >= PARALLEL_MIN_PAGES else 1
+        new = new_folder(out_dir)
+        try:
+            with Workers(jobs) as workers:
+                n_files = _write_site(data, pages, base_url, fingerprint, new, workers, cache)
+                swap_in(new, out_dir, workers)
+        except BaseException:
+            shutil.rmtree(new, ignore_errors=True)
+            raise
     finally:
         highlight_cache(previous)
-    tables = {rel: path.read_bytes() for rel, path in sorted(data.table_files.items())}
-    meta = {"robots.txt": robots(base_url), **table_exports(data)}
-    if base_url is not None:
-        meta["sitemap.xml"] = sitemap(base_url, list(pages))
-    # Each run page's solution, as the grader read it, beside the page (its "raw solution.py" link).
-    raw = {f"runs/{r.gpu}/{r.run_id}/solution.py": data.solutions[r.run_id].encode()
-           for r in data.results if r.run_id in data.solutions}
-    files = {**_assets(fingerprint), **tables, **meta, **raw, **pages}
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    new = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.new.", dir=out_dir.parent))
-    try:
-        new.chmod(0o755)  # mkdtemp makes 0700; a published site must be world-readable
-        _write_tree(new, files)
-        _swap_in(new, out_dir)
-    except BaseException:
-        shutil.rmtree(new, ignore_errors=True)
-        raise
     cache.prune()
-    return BuildReport(out_dir, len(pages), len(files), time.perf_counter() - started)
+    return BuildReport(out_dir, len(pages), n_files, time.perf_counter() - started)
+
+
+def _write_site(data: SiteData, pages: list[Page], base_url: str | None, fingerprint: str, new: Path,
+                workers: Workers, cache: HighlightCache) -> int:
+    """Render every page into `new` (spread over `workers`), then the rest of the site; returns the
+    number of files. Each run's solution, as the grader read it, lies beside its page (the run page's
+    "raw solution.py" link) and is written by the worker that renders the page."""
+    env = make_env()
+    site = _site(data, base_url)
+    raw = {page_path("run", gpu=r.gpu, run_id=r.run_id): r.run_id for r in data.results if r.run_id in data.solutions}
+    made: set[str] = set()
+    exports = table_exports(data)  # before the workers fork: the downloads page reads the same (cached) exports
+
+    def write_page(i: int) -> tuple[int, frozenset[str], int, int]:
+        page = pages[i]
+        cache.used.clear()
+        hits, misses = cache.hits, cache.misses
+        files = [(page.path, _render(env, page, site, base_url))]
+        if page.path in raw:
+            files.append((page.path.removesuffix("index.html") + "solution.py",
+                          data.solutions[raw[page.path]].encode()))
+        write_files(new, files, made)
+        return len(files), frozenset(cache.used), cache.hits - hits, cache.misses - misses
+
+    done = workers.map_indices(write_page, len(pages))
+    cache.used = set().union(*(used for _, used, _, _ in done))
+    cache.hits, cache.misses = sum(d[2] for d in done), sum(d[3] for d in done)
+    tables = {rel: path.read_bytes() for rel, path in sorted(data.table_files.items())}
+    meta = {"robots.txt": robots(base_url), **exports}
+    if base_url is not None:
+        meta["sitemap.xml"] = sitemap(base_url, [p.path for p in pages])
+    rest = {**_assets(fingerprint), **tables, **meta}
+    write_files(new, sorted(rest.items()), made)
+    return sum(d[0] for d in done) + len(rest)

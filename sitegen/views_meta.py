@@ -288,9 +288,31 @@ def _exports_of(rel: str, path: Path) -> dict[str, bytes]:
     stem = rel.removesuffix(".parquet")
     buffer = io.BytesIO()
     pacsv.write_csv(_csv_ready(table), buffer)
-    records = [{k: _plain(v) for k, v in row.items()} for row in table.to_pylist()]
-    as_json = json.dumps(records, ensure_ascii=False, allow_nan=False, indent=1) + "\n"
-    return {f"{stem}.csv": buffer.getvalue(), f"{stem}.json": as_json.encode()}
+    return {f"{stem}.csv": buffer.getvalue(), f"{stem}.json": _records_json(table).encode()}
+
+
+def _json_column(column: pa.ChunkedArray) -> list[Any]:
+    """One column's cells as JSON values (see `_plain`), converted by the column's type rather than
+    cell by cell: a hundred thousand rows would otherwise take seconds of isinstance checks."""
+    values = column.to_pylist()
+    kind = column.type
+    if pa.types.is_timestamp(kind) or pa.types.is_date(kind):
+        return [None if v is None else v.isoformat() for v in values]
+    if pa.types.is_floating(kind):
+        return [v if v is None or math.isfinite(v) else None for v in values]
+    if pa.types.is_nested(kind):
+        return [_plain(v) for v in values]
+    return values
+
+
+def _records_json(table: pa.Table) -> str:
+    """The table as a JSON array of row objects (columns in table order), one row per line: readable,
+    diffable, and written by json's C encoder (which an `indent` would turn off)."""
+    names = table.column_names
+    columns = [_json_column(c) for c in table.columns]
+    dump = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
+    rows = [dump(dict(zip(names, cells, strict=True))) for cells in zip(*columns, strict=True)]
+    return "[\n" + ",\n".join(rows) + "\n]\n" if rows else "[]\n"
 
 
 #: The last `table_exports` result, keyed by each table's (name, path, size, mtime, inode): the downloads

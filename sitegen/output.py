@@ -1,0 +1,165 @@
+"""The output tree: pages rendered and written by a pool of forked workers, then swapped in whole.
+
+At ten thousand runs a build is mostly per-page work that does not depend on other pages: build a
+run page's context, read its highlighted source, render its template, create its folder and files.
+On this filesystem creating a folder or a file costs tens to hundreds of microseconds of kernel
+time, so writing is CPU work too. `Workers` forks after the data is loaded and every shared object
+(boards, highlight cache, Jinja environment) is built, so each worker inherits them without pickling
+and only page indices travel; each worker writes the files of its own pages. Nothing is written
+outside the fresh folder `new_folder` makes beside the output, and `swap_in` replaces the previous
+site with one rename, so an interrupted build never leaves a half-written site where one was.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+__all__ = ["Workers", "default_jobs", "new_folder", "swap_in", "write_files"]
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+#: Below this many pages a build stays in one process: forking and collecting cost more than they save
+#: (a 200-run site builds in well under a second), and small builds stay easy to debug.
+PARALLEL_MIN_PAGES = 1_000
+
+#: Pages per task handed to a worker: small enough to balance two workers whose pages differ in size,
+#: large enough that task overhead (one pickled range, one result) stays negligible.
+_CHUNK_PAGES = 64
+
+#: The task of the current build, set in the parent before `Workers` forks; workers read it.
+_TASK: Callable[[int], Any] | None = None
+
+
+def default_jobs() -> int:
+    """The CPUs this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def write_files(root: Path, files: Iterable[tuple[str, bytes]], made: set[str] | None = None) -> int:
+    """Write each (relative path, bytes) under `root`, making folders as needed; returns bytes written.
+    `made` remembers the folders this process already made, so each is created (or checked) once."""
+    made = set() if made is None else made
+    total = 0
+    for rel, content in files:
+        folder = os.path.dirname(rel)
+        if folder not in made:
+            os.makedirs(root / folder, exist_ok=True)  # exist_ok: another worker may make it first
+            made.add(folder)
+        with open(root / rel, "wb") as f:
+            f.write(content)
+        total += len(content)
+    return total
+
+
+def _run_span(span: tuple[int, int]) -> list[Any]:
+    """Worker side: run the build's task on every index of one span."""
+    if _TASK is None:  # only if a worker was started some other way than by `Workers`
+        raise RuntimeError("no site build task in this worker")
+    return [_TASK(i) for i in range(*span)]
+
+
+def _spans(n: int, size: int) -> list[tuple[int, int]]:
+    return [(start, min(start + size, n)) for start in range(0, n, size)]
+
+
+class Workers:
+    """`jobs` forked processes (or this one process when `jobs` is 1) that run a task per index.
+
+    Use as a context manager: `map_indices` returns the task's results in index order, so a build is
+    deterministic however the work was spread; `map` runs a picklable function over picklable items
+    (used to remove the previous site in parallel). The pool forks once, on first use, after the
+    caller set everything the workers read."""
+
+    def __init__(self, jobs: int) -> None:
+        if jobs < 1:
+            raise ValueError(f"jobs must be at least 1, not {jobs}")
+        self.jobs = jobs
+        self._pool: Any = None
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            if exc[0] is None:
+                self._pool.close()
+            else:
+                self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+
+    def _started(self) -> Any:
+        if self._pool is None:
+            self._pool = multiprocessing.get_context("fork").Pool(self.jobs)
+        return self._pool
+
+    def map_indices(self, task: Callable[[int], _R], n: int) -> list[_R]:
+        """`[task(i) for i in range(n)]`, spread over the workers in spans of `_CHUNK_PAGES`."""
+        global _TASK
+        if self.jobs == 1:
+            return [task(i) for i in range(n)]
+        if self._pool is not None:  # its workers were forked before this task existed
+            raise RuntimeError("Workers.map_indices runs once per pool")
+        _TASK = task
+        try:
+            # The pool forks here, so the task (and all it closes over) is what the workers inherit.
+            chunks = self._started().map(_run_span, _spans(n, _CHUNK_PAGES), chunksize=1)
+        finally:
+            _TASK = None
+        return [r for chunk in chunks for r in chunk]
+
+    def map(self, fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+        if self.jobs == 1 or self._pool is None:  # never fork just for this: run it here
+            return [fn(item) for item in items]
+        return self._started().map(fn, items, chunksize=max(1, len(items) // (4 * self.jobs)))
+
+
+def new_folder(out_dir: Path) -> Path:
+    """A fresh, world-readable folder beside `out_dir` to build the next site in (same filesystem, so
+    `swap_in` is a rename)."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    new = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.new.", dir=out_dir.parent))
+    new.chmod(0o755)  # mkdtemp makes 0700; a published site must be world-readable
+    return new
+
+
+def _subfolders(root: Path, depth: int) -> Iterator[str]:
+    """Folders exactly `depth` levels below `root` (the run folders sit at depth 2: runs/<gpu>/<run>)."""
+    level = [str(root)]
+    for _ in range(depth):
+        level = [e.path for folder in level for e in os.scandir(folder) if e.is_dir(follow_symlinks=False)]
+    yield from level
+
+
+def _remove(folder: str) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def swap_in(new: Path, out_dir: Path, workers: Workers) -> None:
+    """Move the finished site to `out_dir` in one rename; the previous one is renamed aside first, and
+    removed only once the new one is in place (its ten thousand run folders split over `workers`)."""
+    if not out_dir.exists():
+        os.rename(new, out_dir)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
+    os.rename(out_dir, old / "site")
+    try:
+        os.rename(new, out_dir)
+    except BaseException:
+        os.rename(old / "site", out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+        raise
+    try:
+        workers.map(_remove, sorted(_subfolders(old / "site", 2)))
+    finally:
+        shutil.rmtree(old, ignore_errors=True)

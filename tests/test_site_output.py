@@ -1,0 +1,56 @@
+"""The output tree: a build spread over worker processes writes the same bytes as one process, and a
+build that fails in a worker leaves the previous site as it was."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from site_fixtures import SiteInputs
+
+from kernelboard.sitegen import build_site
+from kernelboard.sitegen import views as site_views
+from kernelboard.sitegen.output import Workers, swap_in
+
+
+def _files(site: Path) -> dict[str, bytes]:
+    return {p.relative_to(site).as_posix(): p.read_bytes() for p in sorted(site.rglob("*")) if p.is_file()}
+
+
+def test_two_workers_write_the_same_site_as_one_process(site_inputs: SiteInputs, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1767225600")
+    one = build_site(site_inputs.data_dir, site_inputs.decks_dir, tmp_path / "one", jobs=1)
+    two = build_site(site_inputs.data_dir, site_inputs.decks_dir, tmp_path / "two", jobs=2)
+    assert (one.pages, one.files) == (two.pages, two.files)
+    assert _files(tmp_path / "one") == _files(tmp_path / "two")
+    assert len(_files(tmp_path / "two")) == two.files
+
+
+def test_a_worker_that_fails_leaves_the_previous_site_untouched(site_inputs: SiteInputs, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "dist"
+    build_site(site_inputs.data_dir, site_inputs.decks_dir, out, jobs=2)
+    before = _files(out)
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("a run page that cannot render")
+
+    monkeypatch.setattr(site_views, "run", broken)  # the workers fork after this, so they inherit it
+    with pytest.raises(RuntimeError, match="cannot render"):
+        build_site(site_inputs.data_dir, site_inputs.decks_dir, out, jobs=2, force=True)
+    assert _files(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dist"]  # no half-written folder left beside it
+
+
+def test_swap_in_replaces_the_previous_site_and_removes_it(tmp_path: Path) -> None:
+    out, new = tmp_path / "dist", tmp_path / "new"
+    for i in range(3):
+        (out / "runs" / "gpu" / f"r{i}").mkdir(parents=True)
+        (out / "runs" / "gpu" / f"r{i}" / "index.html").write_text("old")
+    (new / "runs").mkdir(parents=True)
+    (new / "index.html").write_text("new")
+    with Workers(1) as workers:
+        swap_in(new, out, workers)
+    assert _files(out) == {"index.html": b"new"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dist"]
