@@ -329,3 +329,29 @@ def problem_entries(data: SiteData, bench: str, problem: str) -> dict[str, tuple
             numbered[run.run_id] = run.model_display if n == 1 else f"{run.model_display} #{n}"
         out[gpu] = tuple(Entry(run, res, numbered[run.run_id], notes.get(run.run_id)) for run, res in pairs)
     return out
+
+
+@dataclass(frozen=True)
+class ModelBest:
+    """A model's best graded run of a problem on one GPU (the run its board cell shows) and how many
+    graded runs it has there: a problem page lists these, and each model's page lists every run."""
+
+    entry: Entry
+    runs: int
+
+
+def best_per_model(entries: Iterable[Entry]) -> tuple[ModelBest, ...]:
+    """The first entry of each model in `entries` (in `problem_entries` order, so the best by the cell
+    rule), labelled with the model's display name (plus its key where two models share a name)."""
+    entries = list(entries)
+    counts: dict[str, int] = defaultdict(int)
+    firsts: dict[str, Entry] = {}
+    for e in entries:
+        counts[e.run.model] += 1
+        firsts.setdefault(e.run.model, e)
+    names: dict[str, int] = defaultdict(int)
+    for e in firsts.values():
+        names[e.run.model_display] += 1
+    return tuple(ModelBest(replace(e, label=e.run.model_display if names[e.run.model_display] == 1
+                                   else f"{e.run.model_display} ({e.run.model})"), counts[model])
+                 for model, e in firsts.items())

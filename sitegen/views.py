@@ -27,12 +27,13 @@ from .board import (
     STATUS_LABELS,
     STATUS_TONES,
     Board,
+    best_per_model,
     build_boards,
     gpu_label,
     problem_entries,
     reason_for,
 )
-from .format import num, pct, speedup
+from .format import model_slug, num, pct, speedup
 from .highlight import highlight_python
 from .load import CPU_KEY, Hardware, Problem, Result, ShapeResult, SiteData
 
@@ -194,9 +195,13 @@ def problem(data: SiteData, bench: str, name: str) -> dict[str, Any]:
     prob = data.problems[(bench, name)]
     readme = prob.folder / "README.md"
     gpus = []
-    for gpu, entries in problem_entries(data, bench, name).items():
+    for gpu, every in problem_entries(data, bench, name).items():
         label = gpu_label(data, gpu)
         hardware = data.hardware.get(gpu)
+        # One row and one bar per model: its best run, the one its board cell shows. At thousands of
+        # runs a row per run made megabyte pages and unreadable charts; the rest are on the model pages.
+        best = best_per_model(every)
+        entries = [b.entry for b in best]
         passes = [e for e in entries if e.result.is_pass]
         # CPU timings have no datasheet peak to be a fraction of: no roofline chart for them.
         roof = [e for e in passes if e.result.peak_fraction is not None and gpu != CPU_KEY]
@@ -206,6 +211,8 @@ def problem(data: SiteData, bench: str, name: str) -> dict[str, Any]:
             "label": label,
             "is_cpu": gpu == CPU_KEY,
             "entries": entries,
+            "rows": [{"entry": b.entry, "runs": b.runs, "slug": model_slug(b.entry.run.model)} for b in best],
+            "n_runs": len(every),
             "peak_text": peak_text(prob, hardware),
             "variants": variants,
             "baseline_rows": baseline_rows,
