@@ -16,11 +16,12 @@ import multiprocessing
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["Workers", "default_jobs", "new_folder", "swap_in", "write_files"]
+__all__ = ["Workers", "default_jobs", "new_folder", "swap_in", "sweep", "write_files"]
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -145,13 +146,15 @@ def _remove(folder: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def swap_in(new: Path, out_dir: Path, workers: Workers) -> None:
+def swap_in(new: Path, out_dir: Path, workers: Workers, *, remove_in_background: bool = False) -> None:
     """Move the finished site to `out_dir` in one rename; the previous one is renamed aside first, and
-    removed only once the new one is in place (its ten thousand run folders split over `workers`)."""
+    removed only once the new one is in place: here, its run folders split over `workers`, or (with
+    `remove_in_background`, for large sites) by a detached process, so that deleting thirty thousand
+    files of the old site is not part of the build's time. `sweep` removes what such a process left."""
     if not out_dir.exists():
         os.rename(new, out_dir)
         return
-    old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
+    old = Path(tempfile.mkdtemp(prefix=_old_prefix(out_dir), dir=out_dir.parent))
     os.rename(out_dir, old / "site")
     try:
         os.rename(new, out_dir)
@@ -159,7 +162,45 @@ def swap_in(new: Path, out_dir: Path, workers: Workers) -> None:
         os.rename(old / "site", out_dir)
         shutil.rmtree(old, ignore_errors=True)
         raise
+    if remove_in_background:
+        _remove_detached(old)
+        return
     try:
         workers.map(_remove, sorted(_subfolders(old / "site", 2)))
     finally:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _remove_detached(folder: Path) -> None:
+    """Remove `folder` in a grandchild process that outlives this one (a double fork: the child exits
+    at once and is reaped here, so no zombie and nothing to wait for). The grandchild only removes
+    files and exits without running any of this process's cleanup."""
+    child = os.fork()
+    if child == 0:
+        try:
+            os.setsid()
+            if os.fork() == 0:
+                shutil.rmtree(folder, ignore_errors=True)
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+
+
+def _old_prefix(out_dir: Path) -> str:
+    return f".{out_dir.name}.old."
+
+
+def sweep(out_dir: Path, min_age_s: float = 600) -> None:
+    """Remove previous sites beside `out_dir` that a background removal did not finish (the machine
+    stopped, the process was killed). One renamed aside less than `min_age_s` ago is left alone: its
+    removal is most likely still running, and racing it would only slow this build down."""
+    if not out_dir.parent.is_dir():
+        return
+    cutoff = time.time() - min_age_s
+    for leftover in out_dir.parent.glob(_old_prefix(out_dir) + "*"):
+        try:
+            stale = leftover.stat().st_mtime < cutoff
+        except FileNotFoundError:  # its removal just finished
+            continue
+        if stale:
+            shutil.rmtree(leftover, ignore_errors=True)

@@ -29,7 +29,7 @@ from . import fingerprint as fp
 from .format import FILTERS
 from .highlight import HighlightCache, highlight_cache, pygments_css
 from .load import SiteData, load_site
-from .output import PARALLEL_MIN_PAGES, Workers, default_jobs, new_folder, swap_in, write_files
+from .output import PARALLEL_MIN_PAGES, Workers, default_jobs, new_folder, swap_in, sweep, write_files
 from .pages import Page, link, page_path, plan
 from .views_meta import (
     CSP,
@@ -200,6 +200,7 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
     data = load_site(Path(data_dir), Path(decks_dir))
     base_url = normalize_base_url(base_url)
     _check_out_dir(out_dir)
+    sweep(out_dir)
     folder = default_cache_dir() if cache_dir is True else (Path(cache_dir) if cache_dir else None)
     cache = HighlightCache(folder / "highlight" if folder is not None else None)
     previous = highlight_cache(cache)
@@ -211,7 +212,7 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
         try:
             with Workers(jobs) as workers:
                 n_files = _write_site(data, pages, base_url, fingerprint, new, workers, cache)
-                swap_in(new, out_dir, workers)
+                swap_in(new, out_dir, workers, remove_in_background=len(pages) >= PARALLEL_MIN_PAGES)
         except BaseException:
             shutil.rmtree(new, ignore_errors=True)
             raise

@@ -3,6 +3,8 @@ build that fails in a worker leaves the previous site as it was."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ from site_fixtures import SiteInputs
 
 from kernelboard.sitegen import build_site
 from kernelboard.sitegen import views as site_views
-from kernelboard.sitegen.output import Workers, swap_in
+from kernelboard.sitegen.output import Workers, swap_in, sweep
 
 
 def _files(site: Path) -> dict[str, bytes]:
@@ -54,3 +56,23 @@ def test_swap_in_replaces_the_previous_site_and_removes_it(tmp_path: Path) -> No
         swap_in(new, out, workers)
     assert _files(out) == {"index.html": b"new"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dist"]
+
+
+def test_a_large_sites_old_copy_is_removed_in_the_background_and_stale_leftovers_swept(tmp_path: Path) -> None:
+    out, new = tmp_path / "dist", tmp_path / "new"
+    (out / "runs" / "gpu" / "r0").mkdir(parents=True)
+    new.mkdir()
+    (new / "index.html").write_text("new")
+    with Workers(1) as workers:
+        swap_in(new, out, workers, remove_in_background=True)
+    assert _files(out) == {"index.html": b"new"}
+    deadline = time.monotonic() + 30
+    while any(p.name.startswith(".dist.old.") for p in tmp_path.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dist"]
+    stale, fresh = tmp_path / ".dist.old.stale", tmp_path / ".dist.old.fresh"
+    (stale / "site").mkdir(parents=True)
+    (fresh / "site").mkdir(parents=True)
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    sweep(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".dist.old.fresh", "dist"]
