@@ -24,6 +24,7 @@ lie about is listed in runner.py. `baselines()` times the reference itself (trus
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import statistics
 import time
@@ -45,6 +46,14 @@ from .probe import probe_environment
 from .protocol import Arena, TensorRef
 from .settings import BASELINE_TIMING_SEEDS, LAUNCH_BOUND_MS
 from .timing import TimeStats, summarize, time_cpu, time_cuda
+
+_STARTED = time.monotonic()
+
+
+def log(tag: str, message: str) -> None:
+    """One progress line in the worker's log, stamped with seconds since the worker started (so a
+    grading cut off by its timeout shows where the time went)."""
+    print(f"[{tag}] {message} (+{time.monotonic() - _STARTED:.1f} s)", flush=True)
 
 
 def _check_state(before: dict[str, Any], reply: Reply, when: str) -> None:
@@ -177,7 +186,7 @@ def _graph_times(link: RunnerLink, problem: Problem, plans: list[ShapePlan], sha
         if reply.error is not None:  # not capturable: report, keep the latency as the measure
             why = one_line(reply.error["type"], reply.error["text"], 200)
             row["graph_note"] = f"not capturable in a CUDA graph: {why}"
-            print(f"[worker] shape {plan.shape.idx}: {row['graph_note']}", flush=True)
+            log("worker", f"shape {plan.shape.idx}: {row['graph_note']}")
             return
         samples = reply.samples("samples_ms")
         _verify_timed(problem, plan, reply.outputs(plan.timing_refs[:1]), "the CUDA-graph replay")
@@ -201,7 +210,7 @@ def grade(job: dict[str, Any], result: dict[str, Any], phases: Phases, link: Run
     phases.enter("reference")
     reference = import_file("reference", problem.reference_path)
     install_shapes_module(shapes)
-    print(f"[worker] {len(shapes)} shapes × {len(seeds)} seeds on {env['device_name']}", flush=True)
+    log("worker", f"{len(shapes)} shapes × {len(seeds)} seeds on {env['device_name']}")
     hits = audit.forbidden_text_hits(problem, solution_dir)
     if hits:
         raise Failure("forbidden", f"forbidden op used: {'; '.join(hits)}")
@@ -217,8 +226,10 @@ def grade(job: dict[str, Any], result: dict[str, Any], phases: Phases, link: Run
     for k, shape in enumerate(shapes):
         phases.enter("correctness")
         plan = make_plan(problem, reference, (shape,), seeds, (base_seed + 1, base_seed + 2), device)[0]
+        log("worker", f"shape {shape.idx}: inputs drawn, {len(plan.checks)} reference outputs computed")
         plans.append(plan)
         shared = _share(link, plan, k, seeds[0], keep_timing_inputs=problem.output_rule != "allclose")
+        log("worker", f"shape {shape.idx}: inputs shared, the solution's Model built")
         if device == "cuda":
             torch.cuda.empty_cache()  # the inputs moved to the arena: give their memory back
         if k == 0 and problem.forbidden_ops:
@@ -231,10 +242,10 @@ def grade(job: dict[str, Any], result: dict[str, Any], phases: Phases, link: Run
         n_checks += len(plan.checks)
         plan.checks.clear()  # the next shape's plan may be large (06: GBs per input); the timing refs stay
         del shared
-        print(f"[worker] shape {plan.shape.idx} correct (‖d‖/‖ref‖ ≤ {worst:.3g})", flush=True)
+        log("worker", f"shape {plan.shape.idx} correct (‖d‖/‖ref‖ ≤ {worst:.3g})")
         phases.enter("timing")
         stats, audited = _time_shape(link, problem, plan, k, state, device)
-        print(f"[worker] shape {plan.shape.idx} median {stats.median_ms:.4f} ms × {stats.iterations}", flush=True)
+        log("worker", f"shape {plan.shape.idx} median {stats.median_ms:.4f} ms × {stats.iterations}")
         result["shapes"].append({"idx": plan.shape.idx, **stats.row(), "wall_ms": stats.wall_ms,
                                  "max_rel_err": worst, **audited})
     if device == "cuda":
@@ -282,18 +293,32 @@ def baselines(job: dict[str, Any], result: dict[str, Any]) -> None:
                 wrong = None if variant == "eager" else _baseline_mismatch(problem, plan, fn)
                 if wrong is None:
                     row.update(status="ok", message="ok", **stats.row())
-                    print(f"[baseline] shape {shape.idx} {variant}: {stats.median_ms:.4f} ms", flush=True)
+                    log("baseline", f"shape {shape.idx} {variant}: {stats.median_ms:.4f} ms")
                 else:  # a wrong answer's time is not a ceiling
                     row.update(status="wrong", message=wrong)
-                    print(f"[baseline] shape {shape.idx} {variant}: wrong: {wrong}", flush=True)
+                    log("baseline", f"shape {shape.idx} {variant}: wrong: {wrong}")
             except Exception as exc:  # a baseline that cannot run is recorded, not fatal
                 row.update(status="error", message=one_line(type(exc).__name__, str(exc)))
-                print(f"[baseline] shape {shape.idx} {variant}: {row['message']}", flush=True)
+                log("baseline", f"shape {shape.idx} {variant}: {row['message']}")
+            fn = None
+            _release_memory(device, compiled=variant.startswith("compile:"))
             rows.append(row)
         del model, plan
+        _release_memory(device, compiled=False)
         if job.get("checkpoint_path"):
             _checkpoint(Path(job["checkpoint_path"]), rows)
     result.update(status="ok", message="ok", baselines=rows)
+
+
+def _release_memory(device: str, compiled: bool) -> None:
+    """Give back what a variant held before the next one runs: compiled code and its CUDA-graph
+    memory pools (max-autotune), cached blocks. Without it 06's third shape ran out of the H200's
+    memory at its max-autotune and library lines, the worker itself holding 98 GiB (2026-11-30)."""
+    if compiled:
+        torch._dynamo.reset()
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _baseline_mismatch(problem: Problem, plan: ShapePlan, fn: Callable[..., Any]) -> str | None:

@@ -81,9 +81,15 @@ def _cached_baselines(out: Path, gpu: str, problem: Problem, env: dict[str, Any]
                 and row["device_name"] == env["device_name"] and row["torch_version"] == env["torch_version"]
                 and row["triton_version"] == env.get("triton_version")
                 and baseline_reusable(row["variant"], row["grader_version"]))
-        if same:
+        if same and not _transient(row):
             found.setdefault(row["shape_idx"], {})[row["variant"]] = row
     return found
+
+
+def _transient(row: dict[str, Any]) -> bool:
+    """An error that says nothing about the variant (the GPU's memory was full): measured again
+    next time instead of being reused. Other errors (cuBLASLt refusing K = 4127) are final."""
+    return row["status"] == "error" and "out of memory" in (row["message"] or "").lower()
 
 
 def ensure_baselines(opts: EvalOptions, gpu: str, problem: Problem, env: dict[str, Any],

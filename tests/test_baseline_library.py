@@ -62,3 +62,15 @@ def test_cached_baselines_are_reused_only_within_one_baseline_method(
         monkeypatch: pytest.MonkeyPatch, variant: str, measured_by: str, current: str, reusable: bool) -> None:
     monkeypatch.setattr(settings, "GRADER_VERSION", current)
     assert settings.baseline_reusable(variant, measured_by) is reusable
+
+
+@pytest.mark.parametrize(("status", "message", "retried"), [
+    ("error", "OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB.", True),
+    ("error", "RuntimeError: Expected trailing dimension of mat1 to be divisible by 16 (K=4127)", False),
+    ("ok", "ok", False),
+    ("wrong", "input set 0: 33 of 64 elements out of tolerance", False),
+])
+def test_only_an_out_of_memory_baseline_is_measured_again(status: str, message: str, retried: bool) -> None:
+    from kernelboard.eval.schedule import _transient
+
+    assert _transient({"status": status, "message": message}) is retried
