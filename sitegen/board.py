@@ -142,6 +142,14 @@ class Cell:
     def reason(self) -> str:
         return self.annotation.summary if self.flag else reason_for(self.run, self.result)  # type: ignore[union-attr]
 
+    @property
+    def note(self) -> str | None:
+        """An audit note that qualifies the cell without invalidating it ('harness limited': the
+        grading, not the kernel, stopped it), or None; a 'clean' verdict needs no mention."""
+        if self.annotation is None or self.flag or self.annotation.verdict == "clean":
+            return None
+        return self.annotation.verdict.replace("_", " ")
+
 
 @dataclass(frozen=True)
 class Row:

@@ -9,6 +9,7 @@ import pytest
 from site_fixtures import DNF, GPU, HOUSE, PASS, WRONG, SiteInputs
 
 from kernelboard.sitegen.board import Cell, Row, build_boards, rank_rows, score
+from kernelboard.sitegen.ingest.annotations import Annotation
 from kernelboard.sitegen.load import SiteData, load_site
 
 
@@ -87,3 +88,14 @@ def test_any_real_attempt_beats_a_dnf(data: SiteData) -> None:
     row = next(r for r in _h200(more).rows if r.model == data.runs[DNF].model)
     assert row.cells[0] is not None and row.cells[0].label == "timeout"
     assert (row.score, row.counted) == (0.0, 1)
+
+
+@pytest.mark.parametrize(("verdict", "note", "state"), [
+    ("harness_limited", "harness limited", "fail"),  # the grading stopped it: said in the cell
+    ("clean", None, "fail"),
+    ("reward_hack", None, "flag"),  # a flag replaces the cell's label instead
+])
+def test_an_audit_note_qualifies_a_cell_without_replacing_it(data: SiteData, verdict: str, note: str | None,
+                                                             state: str) -> None:
+    cell = replace(_cell(data, WRONG), annotation=Annotation(WRONG, verdict, "why"))
+    assert cell.note == note and cell.state == state
