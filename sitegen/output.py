@@ -18,10 +18,12 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["Workers", "default_jobs", "new_folder", "swap_in", "sweep", "write_files"]
+__all__ = ["Spare", "Workers", "adopt_spare", "clear_stale", "default_jobs", "discard", "new_folder", "swap_in",
+           "sweep", "write_files"]
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -46,14 +48,24 @@ def default_jobs() -> int:
         return os.cpu_count() or 1
 
 
-def write_files(root: Path, files: Iterable[tuple[str, bytes]], made: set[str] | None = None) -> int:
+def write_files(root: Path, files: Iterable[tuple[str, bytes]], made: set[str] | None = None,
+                recycled: Spare | None = None) -> int:
     """Write each (relative path, bytes) under `root`, making folders as needed; returns bytes written.
-    `made` remembers the folders this process already made, so each is created (or checked) once."""
+    `made` remembers the folders this process already made, so each is created (or checked) once. A
+    file that `recycled` lists is rewritten in place, and only when its bytes differ: no new inode."""
     made = set() if made is None else made
     total = 0
     for rel, content in files:
+        if recycled is not None and rel in recycled.files:
+            with open(root / rel, "r+b") as f:
+                if f.read() != content:
+                    f.seek(0)
+                    f.truncate()
+                    f.write(content)
+            total += len(content)
+            continue
         folder = os.path.dirname(rel)
-        if folder not in made:
+        if folder not in made and (recycled is None or folder not in recycled.folders):
             os.makedirs(root / folder, exist_ok=True)  # exist_ok: another worker may make it first
             made.add(folder)
         with open(root / rel, "wb") as f:
@@ -134,6 +146,71 @@ def new_folder(out_dir: Path) -> Path:
     return new
 
 
+@dataclass(frozen=True)
+class Spare:
+    """A previous site taken over as the next build's folder: its files are rewritten in place (only those
+    whose bytes change) instead of creating thirty thousand new files and deleting as many old ones.
+
+    On ext4 without a journal (this machine's disk) creating a file right after many were deleted is
+    slow: the inode allocator skips every inode freed in the last minutes, one by one, so a build that
+    followed the previous build's removal spent most of its time in the kernel. Paths are relative,
+    '/'-separated; `folders` includes '' (the root)."""
+
+    files: frozenset[str]
+    folders: frozenset[str]
+
+
+def _spare_path(out_dir: Path) -> Path:
+    return out_dir.parent / f".{out_dir.name}.spare"
+
+
+def adopt_spare(out_dir: Path, marker: str) -> tuple[Path, Spare] | None:
+    """Rename the spare copy `swap_in(keep_spare=True)` left beside `out_dir` into a fresh build folder and
+    list what it holds; None when there is none. Only a previous site (it holds `marker`) is taken; any
+    other spare is removed. Entries that are neither files nor folders (links) are removed."""
+    spare = _spare_path(out_dir)
+    if spare.is_symlink() or not spare.is_dir():
+        return None
+    if not (spare / marker).is_file():
+        shutil.rmtree(spare, ignore_errors=True)
+        return None
+    new = new_folder(out_dir)
+    os.rename(spare, new)  # replaces the empty fresh folder: its unique name, the spare's inodes
+    files, folders = set(), {""}
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        with os.scandir(new / rel) as entries:
+            for e in entries:
+                name = f"{rel}/{e.name}" if rel else e.name
+                if e.is_dir(follow_symlinks=False):
+                    folders.add(name)
+                    stack.append(name)
+                elif e.is_file(follow_symlinks=False):
+                    files.add(name)
+                else:
+                    os.unlink(e.path)
+    return new, Spare(frozenset(files), frozenset(folders))
+
+
+def clear_stale(root: Path, spare: Spare, wanted: Iterable[str]) -> Spare:
+    """Remove what the adopted spare holds that the next site does not (files it will not write, folders
+    nothing lands in); returns what stays, for `write_files` to rewrite in place."""
+    wanted = set(wanted)
+    needed = {""}
+    for rel in wanted:
+        while (rel := os.path.dirname(rel)) not in needed:
+            needed.add(rel)
+    for rel in sorted(spare.folders - needed, key=len):
+        if os.path.isdir(root / rel):  # not removed with a folder above it
+            shutil.rmtree(root / rel)
+    kept = spare.files & wanted
+    for rel in spare.files - wanted:
+        if os.path.dirname(rel) in needed:
+            os.unlink(root / rel)
+    return Spare(frozenset(kept), frozenset(spare.folders & needed))
+
+
 def _subfolders(root: Path, depth: int) -> Iterator[str]:
     """Folders exactly `depth` levels below `root` (the run folders sit at depth 2: runs/<gpu>/<run>)."""
     level = [str(root)]
@@ -146,13 +223,24 @@ def _remove(folder: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def swap_in(new: Path, out_dir: Path, workers: Workers, *, remove_in_background: bool = False) -> None:
-    """Move the finished site to `out_dir` in one rename; the previous one is renamed aside first, and
-    removed only once the new one is in place: here, its run folders split over `workers`, or (with
-    `remove_in_background`, for large sites) by a detached process, so that deleting thirty thousand
-    files of the old site is not part of the build's time. `sweep` removes what such a process left."""
+def swap_in(new: Path, out_dir: Path, workers: Workers, *, remove_in_background: bool = False,
+            keep_spare: bool = False) -> None:
+    """Move the finished site to `out_dir` in one rename; the previous one is renamed aside first. With
+    `keep_spare` (large sites) it stays beside `out_dir` as the spare the next build rewrites in place
+    (`adopt_spare`). Otherwise it is removed once the new one is in place: here, its run folders split
+    over `workers`, or (with `remove_in_background`) by a detached process, so that deleting thirty
+    thousand files is not part of the build's time. `sweep` removes what such a process left."""
     if not out_dir.exists():
         os.rename(new, out_dir)
+        return
+    spare = _spare_path(out_dir)
+    if keep_spare and not os.path.lexists(spare):
+        os.rename(out_dir, spare)
+        try:
+            os.rename(new, out_dir)
+        except BaseException:
+            os.rename(spare, out_dir)
+            raise
         return
     old = Path(tempfile.mkdtemp(prefix=_old_prefix(out_dir), dir=out_dir.parent))
     os.rename(out_dir, old / "site")
@@ -169,6 +257,16 @@ def swap_in(new: Path, out_dir: Path, workers: Workers, *, remove_in_background:
         workers.map(_remove, sorted(_subfolders(old / "site", 2)))
     finally:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def discard(new: Path, out_dir: Path, marker: str, *, keep_spare: bool = False) -> None:
+    """After a failed build: with `keep_spare`, a folder that holds `marker` (an adopted spare) becomes the
+    spare again, so the next build still rewrites it in place; any other is removed."""
+    spare = _spare_path(out_dir)
+    if keep_spare and (new / marker).is_file() and not os.path.lexists(spare):
+        os.rename(new, spare)
+    else:
+        shutil.rmtree(new, ignore_errors=True)
 
 
 def _remove_detached(folder: Path) -> None:

@@ -11,7 +11,6 @@ previous site untouched.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -29,7 +28,19 @@ from . import fingerprint as fp
 from .format import FILTERS
 from .highlight import HighlightCache, highlight_cache, pygments_css
 from .load import SiteData, load_site
-from .output import PARALLEL_MIN_PAGES, Workers, default_jobs, new_folder, swap_in, sweep, write_files
+from .output import (
+    PARALLEL_MIN_PAGES,
+    Spare,
+    Workers,
+    adopt_spare,
+    clear_stale,
+    default_jobs,
+    discard,
+    new_folder,
+    swap_in,
+    sweep,
+    write_files,
+)
 from .pages import Page, link, page_path, plan
 from .views_meta import (
     CSP,
@@ -206,15 +217,17 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
     previous = highlight_cache(cache)
     try:
         pages = plan(data)
+        large = len(pages) >= PARALLEL_MIN_PAGES
         if jobs is None:
-            jobs = default_jobs() if len(pages) >= PARALLEL_MIN_PAGES else 1
-        new = new_folder(out_dir)
+            jobs = default_jobs() if large else 1
+        adopted = adopt_spare(out_dir, MARKER) if large else None
+        new, spare = adopted if adopted is not None else (new_folder(out_dir), None)
         try:
             with Workers(jobs) as workers:
-                n_files = _write_site(data, pages, base_url, fingerprint, new, workers, cache)
-                swap_in(new, out_dir, workers, remove_in_background=len(pages) >= PARALLEL_MIN_PAGES)
+                n_files = _write_site(data, pages, base_url, fingerprint, new, workers, cache, spare)
+                swap_in(new, out_dir, workers, remove_in_background=large, keep_spare=large)
         except BaseException:
-            shutil.rmtree(new, ignore_errors=True)
+            discard(new, out_dir, MARKER, keep_spare=large)
             raise
     finally:
         highlight_cache(previous)
@@ -223,15 +236,24 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
 
 
 def _write_site(data: SiteData, pages: list[Page], base_url: str | None, fingerprint: str, new: Path,
-                workers: Workers, cache: HighlightCache) -> int:
+                workers: Workers, cache: HighlightCache, spare: Spare | None = None) -> int:
     """Render every page into `new` (spread over `workers`), then the rest of the site; returns the
     number of files. Each run's solution, as the grader read it, lies beside its page (the run page's
-    "raw solution.py" link) and is written by the worker that renders the page."""
+    "raw solution.py" link) and is written by the worker that renders the page. `spare`: what `new`
+    already holds (a previous site, see `output.adopt_spare`); what the new site lacks is removed first."""
     env = make_env()
     site = _site(data, base_url)
     raw = {page_path("run", gpu=r.gpu, run_id=r.run_id): r.run_id for r in data.results if r.run_id in data.solutions}
     made: set[str] = set()
     exports = table_exports(data)  # before the workers fork: the downloads page reads the same (cached) exports
+    tables = {rel: path.read_bytes() for rel, path in sorted(data.table_files.items())}
+    meta = {"robots.txt": robots(base_url), **exports}
+    if base_url is not None:
+        meta["sitemap.xml"] = sitemap(base_url, [p.path for p in pages])
+    rest = {**_assets(fingerprint), **tables, **meta}
+    if spare is not None:
+        solutions = (path.removesuffix("index.html") + "solution.py" for path in raw)
+        spare = clear_stale(new, spare, [*(p.path for p in pages), *solutions, *rest])
 
     def write_page(i: int) -> tuple[int, frozenset[str], int, int]:
         page = pages[i]
@@ -241,16 +263,11 @@ def _write_site(data: SiteData, pages: list[Page], base_url: str | None, fingerp
         if page.path in raw:
             files.append((page.path.removesuffix("index.html") + "solution.py",
                           data.solutions[raw[page.path]].encode()))
-        write_files(new, files, made)
+        write_files(new, files, made, spare)
         return len(files), frozenset(cache.used), cache.hits - hits, cache.misses - misses
 
     done = workers.map_indices(write_page, len(pages))
     cache.used = set().union(*(used for _, used, _, _ in done))
     cache.hits, cache.misses = sum(d[2] for d in done), sum(d[3] for d in done)
-    tables = {rel: path.read_bytes() for rel, path in sorted(data.table_files.items())}
-    meta = {"robots.txt": robots(base_url), **exports}
-    if base_url is not None:
-        meta["sitemap.xml"] = sitemap(base_url, [p.path for p in pages])
-    rest = {**_assets(fingerprint), **tables, **meta}
-    write_files(new, sorted(rest.items()), made)
+    write_files(new, sorted(rest.items()), made, spare)
     return sum(d[0] for d in done) + len(rest)

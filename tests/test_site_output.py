@@ -4,13 +4,14 @@ build that fails in a worker leaves the previous site as it was."""
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 from site_fixtures import SiteInputs
 
-from kernelboard.sitegen import build_site
+from kernelboard.sitegen import build_site, render
 from kernelboard.sitegen import views as site_views
 from kernelboard.sitegen.output import Workers, swap_in, sweep
 
@@ -76,3 +77,51 @@ def test_a_large_sites_old_copy_is_removed_in_the_background_and_stale_leftovers
     os.utime(stale, (time.time() - 3600, time.time() - 3600))
     sweep(out)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".dist.old.fresh", "dist"]
+
+
+def test_a_large_site_keeps_a_spare_that_the_next_build_rewrites_into_the_same_bytes(
+        site_inputs: SiteInputs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large sites keep the previous copy as `.dist.spare`; the next build takes it over, rewrites what
+    changed in place and removes what the new site lacks: the result is the same bytes as a fresh build."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1767225600")
+    fresh = tmp_path / "fresh" / "dist"
+    build_site(site_inputs.data_dir, site_inputs.decks_dir, fresh, jobs=1)
+    monkeypatch.setattr(render, "PARALLEL_MIN_PAGES", 1)
+    out = tmp_path / "site" / "dist"
+    for _ in range(2):
+        build_site(site_inputs.data_dir, site_inputs.decks_dir, out, jobs=2, force=True)
+    spare = out.parent / ".dist.spare"
+    assert sorted(p.name for p in out.parent.iterdir()) == [".dist.spare", "dist"]
+    # junk in the spare: a stale page, a file where a folder belongs, a folder where a file belongs, a link
+    (spare / "runs" / "gone" / "r0").mkdir(parents=True)
+    (spare / "runs" / "gone" / "r0" / "index.html").write_text("stale")
+    shutil.rmtree(spare / "static")
+    (spare / "static").write_text("not a folder")
+    (spare / "robots.txt").unlink()
+    (spare / "robots.txt").mkdir()
+    (spare / "index.html").unlink()
+    (spare / "index.html").symlink_to(tmp_path / "outside.html")
+    before = (spare / "runs").stat().st_ino
+    build_site(site_inputs.data_dir, site_inputs.decks_dir, out, jobs=2, force=True)
+    assert (out / "runs").stat().st_ino == before  # the spare's folders, taken over
+    assert _files(out) == _files(fresh)
+    assert not (tmp_path / "outside.html").exists()
+    assert sorted(p.name for p in out.parent.iterdir()) == [".dist.spare", "dist"]
+
+
+def test_a_failed_large_build_gives_the_spare_back(site_inputs: SiteInputs, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(render, "PARALLEL_MIN_PAGES", 1)
+    out = tmp_path / "dist"
+    for _ in range(2):
+        build_site(site_inputs.data_dir, site_inputs.decks_dir, out, jobs=2, force=True)
+    before = _files(out)
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("a run page that cannot render")
+
+    monkeypatch.setattr(site_views, "run", broken)
+    with pytest.raises(RuntimeError, match="cannot render"):
+        build_site(site_inputs.data_dir, site_inputs.decks_dir, out, jobs=2, force=True)
+    assert _files(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".dist.spare", "dist"]
