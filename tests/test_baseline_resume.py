@@ -1,12 +1,15 @@
-"""An interrupted baseline run keeps the shapes it finished, and the next run measures only the rest."""
+"""Baseline caching: an interrupted run keeps the shapes it finished and the next measures only the
+rest; cached rows are reused within one baseline method; an out-of-memory attempt is retried."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from grading import REEXPORT, copy_deck, write_submission
 
-from kernelboard.eval.schedule import EvalOptions, run_eval
+from kernelboard.eval import settings
+from kernelboard.eval.schedule import EvalOptions, _transient, run_eval
 from kernelboard.eval.tables import read_table, table_path
 
 W4 = "07_w4a16_gemm"
@@ -52,3 +55,28 @@ Model.forward = _hanging_forward
     assert second[0]["measured_at"] == first[0]["measured_at"]  # shape 0 was not measured again
     log = (tmp_path / "out" / "cpu" / "logs" / f"baselines-hard-{W4}.log").read_text()
     assert "[baseline] shape 0" not in log and "[baseline] shape 1 eager" in log
+
+
+@pytest.mark.parametrize(("variant", "measured_by", "current", "reusable"), [
+    ("eager", "0.2.0", "0.2.2", True),
+    ("compile:max-autotune", "0.2.1", "0.2.2", True),
+    ("library:torch.topk", "0.2.1", "0.2.2", False),  # library lines were not checked before 0.2.2
+    ("library:torch.topk", "0.2.2", "0.2.2", True),
+    ("eager", "0.1.9", "0.2.2", False),
+    ("eager", "0.3.0", "0.2.2", False),  # a newer grader's rows are not this one's to trust
+    ("eager", "0.2.2.dev3", "0.2.2", True),
+])
+def test_cached_baselines_are_reused_only_within_one_baseline_method(
+        monkeypatch: pytest.MonkeyPatch, variant: str, measured_by: str, current: str, reusable: bool) -> None:
+    monkeypatch.setattr(settings, "GRADER_VERSION", current)
+    assert settings.baseline_reusable(variant, measured_by) is reusable
+
+
+@pytest.mark.parametrize(("status", "message", "retried"), [
+    ("error", "OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB.", True),
+    ("error", "RuntimeError: Expected trailing dimension of mat1 to be divisible by 16 (K=4127)", False),
+    ("ok", "ok", False),
+    ("wrong", "input set 0: 33 of 64 elements out of tolerance", False),
+])
+def test_only_an_out_of_memory_baseline_is_measured_again(status: str, message: str, retried: bool) -> None:
+    assert _transient({"status": status, "message": message}) is retried
