@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import time
-import zlib
 from pathlib import Path
 
 from markupsafe import Markup
@@ -51,10 +50,12 @@ def pygments_css() -> str:
 
 class HighlightCache:
     """Highlighted Python per content hash: in memory for one build, and (with `folder`) on disk between
-    builds, zlib-compressed, one file per hash. Pygments costs ~10-30 ms per solution (its lexer tries
-    dozens of regexes per token); ten thousand solutions would take minutes, so a build only highlights
-    the sources it has not seen. The key covers the Pygments version and the formatter's options, so the
-    same bytes come out as without the cache. `prune()` drops what the last build did not use."""
+    builds, one file per hash. Pygments costs ~10-30 ms per solution (its lexer tries dozens of regexes
+    per token); ten thousand solutions would take minutes, so a build only highlights the sources it has
+    not seen. Entries are stored uncompressed (~52 KB each, 0.5 GB at ten thousand runs): a warm build
+    reads nine thousand, and zlib's decompression cost more than the reading. The key covers the Pygments
+    version and the formatter's options, so the same bytes come out as without the cache. `prune()` drops
+    what the last build did not use."""
 
     def __init__(self, folder: Path | None = None) -> None:
         self.folder = folder
@@ -73,22 +74,21 @@ class HighlightCache:
         if key in self._memory:
             self.hits += 1
             return self._memory[key]
-        path = self.folder / key[:2] / f"{key}.html.z" if self.folder is not None else None
-        if path is not None and path.is_file():
+        path = self.folder / key[:2] / f"{key}.html" if self.folder is not None else None
+        html = None
+        if path is not None:
             try:
-                html = Markup(zlib.decompress(path.read_bytes()).decode("utf-8"))
+                html = Markup(path.read_bytes().decode("utf-8"))
                 self.hits += 1
-            except (OSError, zlib.error, UnicodeDecodeError):
-                html = None
-        else:
-            html = None
+            except (FileNotFoundError, UnicodeDecodeError):
+                pass
         if html is None:
             self.misses += 1
             html = Markup(highlight(source, PythonLexer(), _FORMATTER))
             if path is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_bytes(zlib.compress(html.encode("utf-8"), 1))
+                tmp.write_bytes(html.encode("utf-8"))
                 os.replace(tmp, path)
         self._memory[key] = html
         return html

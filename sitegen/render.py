@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,6 +46,7 @@ from .pages import Page, link, page_path, plan
 from .views_meta import (
     CSP,
     SITE_DESCRIPTION,
+    export_names,
     normalize_base_url,
     page_url,
     provenance,
@@ -205,10 +207,20 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
     """
     started = time.perf_counter()
     out_dir = Path(out_dir)
-    fingerprint = fp.fingerprint(Path(data_dir), Path(decks_dir), base_url)
-    if not force and is_unchanged(out_dir, fingerprint):
-        return BuildReport(out_dir, 0, 0, time.perf_counter() - started, unchanged=True)
-    data = load_site(Path(data_dir), Path(decks_dir))
+    if force or fp.recorded(out_dir, MARKER) is None:  # nothing to compare with: hash while loading
+        hashing = ThreadPoolExecutor(1, thread_name_prefix="fingerprint")
+        later = hashing.submit(fp.fingerprint, Path(data_dir), Path(decks_dir), base_url)
+        hashing.shutdown(wait=False)
+        try:
+            data = load_site(Path(data_dir), Path(decks_dir))
+        finally:
+            later.exception()  # waits: the thread is done before the workers fork or a load error leaves
+        fingerprint = later.result()
+    else:
+        fingerprint = fp.fingerprint(Path(data_dir), Path(decks_dir), base_url)
+        if is_unchanged(out_dir, fingerprint):
+            return BuildReport(out_dir, 0, 0, time.perf_counter() - started, unchanged=True)
+        data = load_site(Path(data_dir), Path(decks_dir))
     base_url = normalize_base_url(base_url)
     _check_out_dir(out_dir)
     sweep(out_dir)
@@ -245,15 +257,14 @@ def _write_site(data: SiteData, pages: list[Page], base_url: str | None, fingerp
     site = _site(data, base_url)
     raw = {page_path("run", gpu=r.gpu, run_id=r.run_id): r.run_id for r in data.results if r.run_id in data.solutions}
     made: set[str] = set()
-    exports = table_exports(data)  # before the workers fork: the downloads page reads the same (cached) exports
     tables = {rel: path.read_bytes() for rel, path in sorted(data.table_files.items())}
-    meta = {"robots.txt": robots(base_url), **exports}
+    meta = {"robots.txt": robots(base_url)}
     if base_url is not None:
         meta["sitemap.xml"] = sitemap(base_url, [p.path for p in pages])
     rest = {**_assets(fingerprint), **tables, **meta}
     if spare is not None:
         solutions = (path.removesuffix("index.html") + "solution.py" for path in raw)
-        spare = clear_stale(new, spare, [*(p.path for p in pages), *solutions, *rest])
+        spare = clear_stale(new, spare, [*(p.path for p in pages), *solutions, *rest, *export_names(data)])
 
     def write_page(i: int) -> tuple[int, frozenset[str], int, int]:
         page = pages[i]
@@ -263,6 +274,8 @@ def _write_site(data: SiteData, pages: list[Page], base_url: str | None, fingerp
         if page.path in raw:
             files.append((page.path.removesuffix("index.html") + "solution.py",
                           data.solutions[raw[page.path]].encode()))
+        if page.kind == "downloads":  # its worker makes the CSV and JSON exports it lists (cached: made once)
+            files += sorted(table_exports(data).items())
         write_files(new, files, made, spare)
         return len(files), frozenset(cache.used), cache.hits - hits, cache.misses - misses
 

@@ -336,6 +336,12 @@ def table_exports(data: SiteData) -> dict[str, bytes]:
     return dict(out)
 
 
+def export_names(data: SiteData) -> list[str]:
+    """The files `table_exports` makes, without making them."""
+    return [f"{rel.removesuffix('.parquet')}.{ext}" for rel in sorted(data.table_files)
+            if rel.endswith(".parquet") for ext in ("csv", "json")]
+
+
 def downloads(data: SiteData, exports: dict[str, bytes] | None = None) -> dict[str, Any]:
     exports = table_exports(data) if exports is None else exports
     tables = []
