@@ -8,6 +8,10 @@ time, so writing is CPU work too. `Workers` forks after the data is loaded and e
 and only page indices travel; each worker writes the files of its own pages. Nothing is written
 outside the fresh folder `new_folder` makes beside the output, and `swap_in` replaces the previous
 site with one rename, so an interrupted build never leaves a half-written site where one was.
+
+A large site's previous copy is not deleted but kept beside the output as a spare (`.<out>.spare`);
+the next build takes it over as its fresh folder (`adopt_spare`), removes what the new site lacks and
+rewrites only the files whose bytes change, so a rebuild creates and deletes almost no files.
 """
 
 from __future__ import annotations
