@@ -220,6 +220,7 @@ def methodology(data: SiteData) -> dict[str, Any]:
         "baseline_timing_seeds": settings.BASELINE_TIMING_SEEDS,
         "baseline_variants": sorted(settings.BASELINE_VARIANTS.items()),
         "headline_variants": settings.HEADLINE_COMPILE_VARIANTS,
+        "baseline_method_since": sorted(settings.BASELINE_METHOD_SINCE.items()),
         "precisions": PRECISIONS,
         "datasheet": [PeakRow(s.key, s.name, s.sm, s.memory_gb, s.l2_mb, s.bandwidth_gb_s,
                               tuple(s.peak_tflop_s.get(p) for p in PRECISIONS), s.source)

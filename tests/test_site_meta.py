@@ -78,6 +78,9 @@ def test_methodology_shows_the_graders_settings_from_code(built_site: Path) -> N
     for variant in settings.BASELINE_VARIANTS["cuda"]:
         assert variant in text
     assert " and ".join(settings.HEADLINE_COMPILE_VARIANTS) in text
+    for kind, since in settings.BASELINE_METHOD_SINCE.items():
+        assert f"{kind} rows since {since}" in text
+    assert f"(this grader is {settings.GRADER_VERSION})" in text
     assert ORDERING_RULE in text
     assert f"built with grader {settings.GRADER_VERSION}" in text
     for spec in GPUS.values():
