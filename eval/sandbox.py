@@ -53,8 +53,10 @@ def cutlass_include() -> Path | None:
     return None
 
 
-def worker_env(cache_key: str, arch: str | None = None) -> dict[str, str]:
-    """The worker's environment: private compile caches, the GPU's arch, CUTLASS headers."""
+def worker_env(cache_key: str, arch: str | None = None, interpret: bool = False) -> dict[str, str]:
+    """The worker's environment: private compile caches, the GPU's arch, CUTLASS headers; with
+    `interpret` (grading on the CPU) Triton kernels run in Triton's interpreter, the only way they
+    run without a GPU."""
     cache = Path(os.environ.get("KERNELBOARD_CACHE", Path.home() / ".cache" / "kernelboard")) / cache_key
     env = dict(os.environ)
     env.update(
@@ -65,6 +67,8 @@ def worker_env(cache_key: str, arch: str | None = None) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
         PYTHONSAFEPATH="1",
     )
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
     if arch and "TORCH_CUDA_ARCH_LIST" not in os.environ:
         env["TORCH_CUDA_ARCH_LIST"] = arch
     include = cutlass_include()
@@ -106,7 +110,7 @@ def run_worker(job: dict[str, Any], workdir: Path, log_path: Path, timeout_s: fl
         proc = subprocess.Popen(
             [sys.executable, "-m", "kernelboard.eval.worker", str(job_path)],
             cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=worker_env(cache_key, arch), start_new_session=True,
+            env=worker_env(cache_key, arch, interpret=job.get("device") == "cpu"), start_new_session=True,
         )
         try:
             while True:
