@@ -22,6 +22,8 @@ CHROMIUM = Path("/usr/bin/chromium")
 LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 HAVE_CHROMIUM = CHROMIUM.exists() or bool(os.environ.get("CI"))
+#: Where browser tests save their screenshots (CI uploads the folder).
+ARTIFACTS = Path(os.environ.get("KERNELBOARD_ARTIFACTS", Path(__file__).resolve().parents[1] / "test-artifacts"))
 needs_chromium = pytest.mark.skipif(not HAVE_CHROMIUM, reason=f"{CHROMIUM} is not installed (and CI is unset)")
 
 

@@ -1,4 +1,4 @@
-"""Shared fixtures: the generated site inputs (tests/site_fixtures.py) and one built site."""
+"""Shared fixtures: the generated site inputs (tests/site_fixtures.py), one built site and its URL."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browsing import CHROMIUM, HAVE_CHROMIUM, chromium
+from browsing import CHROMIUM, HAVE_CHROMIUM, chromium, serve
 from site_fixtures import SiteInputs, make_site_inputs
 
 
@@ -38,6 +38,13 @@ def built_site(site_inputs: SiteInputs, tmp_path_factory: pytest.TempPathFactory
     out = tmp_path_factory.mktemp("built") / "dist"
     build_site(site_inputs.data_dir, site_inputs.decks_dir, out)
     return out
+
+
+@pytest.fixture(scope="session")
+def site_url(built_site: Path) -> Iterator[str]:
+    """The fixture site served over HTTP for the session (files that build their own site override it)."""
+    with serve(built_site) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -6,25 +6,17 @@ without that binary and without the CI variable; in CI a missing browser is a fa
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from browsing import needs_chromium, serve, watch
+from browsing import ARTIFACTS, needs_chromium, watch
 from site_fixtures import GPU, PROBLEM
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser
 
 pytestmark = [pytest.mark.browser, needs_chromium]
-
-
-@pytest.fixture(scope="module")
-def site_url(built_site: Path) -> Iterator[str]:
-    with serve(built_site) as url:
-        yield url
 
 
 def test_home_to_problem_page_draws_the_charts(browser: Browser, site_url: str) -> None:
@@ -89,9 +81,6 @@ def test_gpu_tabs_switch_and_degrade_to_sections(browser: Browser, site_url: str
     still.goto(site_url)
     assert still.locator(f"section#hard-{GPU}").is_visible() and still.locator("section#hard-cpu").is_visible()
     context.close()
-
-
-ARTIFACTS = Path(os.environ.get("KERNELBOARD_ARTIFACTS", Path(__file__).resolve().parents[1] / "test-artifacts"))
 
 
 def test_crawl_every_page_without_a_broken_link_or_console_error(browser: Browser, site_url: str,

@@ -6,12 +6,10 @@ chart page means Plotly draws under the CSP (script-src 'self', no inline script
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from browsing import needs_chromium, serve, watch
+from browsing import needs_chromium, watch
 from site_fixtures import GPU, PROBLEM
 
 if TYPE_CHECKING:
@@ -20,26 +18,20 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.browser, needs_chromium]
 
 
-@pytest.fixture(scope="module")
-def meta_url(built_site: Path) -> Iterator[str]:
-    with serve(built_site) as url:
-        yield url
-
-
 @pytest.mark.parametrize("path", ["methodology/", "downloads/", ""])
-def test_meta_pages_load_without_console_errors(browser: Browser, meta_url: str, path: str) -> None:
+def test_meta_pages_load_without_console_errors(browser: Browser, site_url: str, path: str) -> None:
     page = browser.new_page()
     problems = watch(page)
-    page.goto(meta_url + path)
+    page.goto(site_url + path)
     page.wait_for_load_state("load")
     assert page.locator("nav.site-nav a").count() >= 3
     assert problems == []
     page.close()
 
 
-def test_downloads_links_fetch(browser: Browser, meta_url: str) -> None:
+def test_downloads_links_fetch(browser: Browser, site_url: str) -> None:
     page = browser.new_page()
-    page.goto(meta_url + "downloads/")
+    page.goto(site_url + "downloads/")
     hrefs = page.eval_on_selector_all("table.downloads-table a", "els => els.map(e => e.href)")
     assert len(hrefs) >= 15
     for href in hrefs:
@@ -48,11 +40,11 @@ def test_downloads_links_fetch(browser: Browser, meta_url: str) -> None:
 
 
 @pytest.mark.parametrize("scheme", ["dark", "light"])
-def test_charts_draw_under_the_csp_in_both_themes(browser: Browser, meta_url: str, scheme: str) -> None:
+def test_charts_draw_under_the_csp_in_both_themes(browser: Browser, site_url: str, scheme: str) -> None:
     context = browser.new_context(color_scheme=scheme)
     page = context.new_page()
     problems = watch(page)
-    page.goto(f"{meta_url}problems/hard/{PROBLEM}/")
+    page.goto(f"{site_url}problems/hard/{PROBLEM}/")
     page.wait_for_selector(f"#chart-speedup-{GPU} .main-svg")
     page.wait_for_selector(f"#chart-roofline-{GPU} .main-svg")
     assert page.locator(f"#chart-speedup-{GPU} .main-svg .bars .point").count() == 3
@@ -66,11 +58,11 @@ def test_charts_draw_under_the_csp_in_both_themes(browser: Browser, meta_url: st
     context.close()
 
 
-def test_a_narrow_screen_scrolls_tables_not_the_page(browser: Browser, meta_url: str) -> None:
+def test_a_narrow_screen_scrolls_tables_not_the_page(browser: Browser, site_url: str) -> None:
     context = browser.new_context(viewport={"width": 375, "height": 800})
     page = context.new_page()
     for path in ("", "methodology/", "downloads/", f"problems/hard/{PROBLEM}/"):
-        page.goto(meta_url + path)
+        page.goto(site_url + path)
         overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
         assert overflow <= 1, (path, overflow)
     context.close()

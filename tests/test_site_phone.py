@@ -8,22 +8,19 @@ kept as test artifacts, like test_site_browser.py's.
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 from xml.etree.ElementTree import Element
 
 import pytest
-from browsing import needs_chromium, serve, watch
+from browsing import ARTIFACTS, needs_chromium, watch
 from site_fixtures import GPU
 from site_pages import parse, text
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page
 
-ARTIFACTS = Path(os.environ.get("KERNELBOARD_ARTIFACTS", Path(__file__).resolve().parents[1] / "test-artifacts"))
 PHONE = {"width": 390, "height": 844}
 BOARD = f"#board-{GPU}-hard"
 
@@ -70,12 +67,6 @@ def test_each_board_cell_is_labelled_with_its_problem(built_site: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------- in Chromium
-
-
-@pytest.fixture(scope="module")
-def site_url(built_site: Path) -> Iterator[str]:
-    with serve(built_site) as url:
-        yield url
 
 
 def _no_sideways_scroll(page: Page) -> None:

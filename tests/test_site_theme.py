@@ -5,12 +5,11 @@ are readable (WCAG AA, 4.5:1) in both, and the code follows the page's theme (li
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from browsing import needs_chromium, serve, watch
+from browsing import needs_chromium, watch
 from site_fixtures import GPU, PASS
 
 if TYPE_CHECKING:
@@ -69,12 +68,6 @@ def test_pygments_css_has_a_scoped_block_per_theme(built_site: Path) -> None:
                  for s in block.split(",")]
     assert selectors and all(s.startswith((".highlight ", ".highlighttable ")) or s == ".highlight"
                              for s in selectors), selectors
-
-
-@pytest.fixture(scope="module")
-def site_url(built_site: Path) -> Iterator[str]:
-    with serve(built_site) as url:
-        yield url
 
 
 @pytest.mark.browser
