@@ -131,40 +131,6 @@ def test_every_column_is_documented_in_data_readme() -> None:
     assert missing == []
 
 
-@pytest.mark.parametrize(("column", "value"), [
-    ("schema_version", 2), ("schema_version", None), ("message", None), ("status", "passed"), ("status", None),
-    ("timer", "wall"), ("speedup_vs_compile", None), ("speedup_vs_compile", 0.0), ("speedup_vs_eager", float("nan")),
-    ("speedup_vs_eager", float("inf")), ("n_shapes", 0), ("peak_fraction", -0.5), ("peak_fraction", 0.4),
-    ("run_id", "r0"), ("gpu", None),
-])
-def test_the_column_wise_check_agrees_with_the_row_loop(column: str, value: object) -> None:
-    """`validate` checks whole columns first and words problems row by row only when one is broken: every
-    single-cell break must still come out exactly as the row loop words it (and a clean table as clean)."""
-    from kernelboard.eval import tables
-
-    rows = [{"schema_version": SCHEMA_VERSION, **result_row(f"r{i}")} for i in range(3)]
-    rows += [{"schema_version": SCHEMA_VERSION, **result_row("f1", status="wrong", speedup=None)}]
-    broken = [dict(r) for r in rows]
-    broken[2 if column != "peak_fraction" or value != 0.4 else 3][column] = value
-    for table_rows in (rows, broken):
-        table = pa.Table.from_pylist(table_rows, schema=TABLES["results"][0].set(
-            0, pa.field("schema_version", pa.int16())))  # nullable here, so a null version can be written
-        fast = tables.validate("results", table, "t")
-        table_rows_loop = []
-        keys = TABLES["results"][1]
-        seen: dict[tuple, int] = {}
-        for i, row in enumerate(table.to_pylist()):
-            table_rows_loop += [f"t: {tables._row_label('results', i, row)}: field '{f}': {e}"
-                                for f, e in tables._check_row("results", row)]
-            key = tuple(row.get(k) for k in keys)
-            if key in seen:
-                table_rows_loop.append(f"t: {tables._row_label('results', i, row)}: duplicates row {seen[key]} "
-                                       f"(key {keys})")
-            seen[key] = i
-        assert fast == table_rows_loop
-    assert fast, "each case breaks a rule"
-
-
 def test_a_result_of_an_unknown_run_and_disagreeing_run_copies_are_reported(tmp_path: Path) -> None:
     results = tmp_path / "results"
     write(results, [run_row("r1")], [result_row("r1"), result_row("r9")])
