@@ -35,7 +35,7 @@ from .board import (
 )
 from .format import model_slug, num, pct, speedup
 from .highlight import highlight_python
-from .load import CPU_KEY, Hardware, Problem, Result, ShapeResult, SiteData
+from .load import CPU_KEY, Hardware, Problem, Result, SiteData
 
 
 @lru_cache(maxsize=256)
@@ -259,19 +259,13 @@ class Arithmetic:
         return f"({' × '.join(self.terms)})^(1/{len(self.terms)}) = {value}"
 
 
-def _arithmetic(shapes: tuple[ShapeResult, ...]) -> Arithmetic | None:
-    values = [s.speedup_vs_compile for s in shapes]
-    if not values or any(v is None for v in values):
-        return None
-    return Arithmetic(tuple(f"{v:.3f}" for v in values), geomean(values))  # type: ignore[arg-type]
-
-
-def _roofline_arithmetic(shapes: tuple[ShapeResult, ...]) -> Arithmetic | None:
-    """The headline roofline fraction written out from the per-shape fractions, like the speedup."""
-    values = [s.peak_fraction for s in shapes]
+def _arithmetic(values: list[float | None], percent: bool = False) -> Arithmetic | None:
+    """A headline written out from its per-shape values (speedups, or roofline fractions in %), so a
+    reader can check the geomean by hand; None when a shape has no positive value."""
     if not values or any(v is None or v <= 0 for v in values):
         return None
-    return Arithmetic(tuple(f"{100 * v:.2f}%" for v in values), geomean(values), percent=True)  # type: ignore[arg-type]
+    terms = tuple(f"{100 * v:.2f}%" if percent else f"{v:.3f}" for v in values)  # type: ignore[operator]
+    return Arithmetic(terms, geomean(values), percent)  # type: ignore[arg-type]
 
 
 def _params(shape_json: str) -> str:
@@ -300,8 +294,8 @@ def run(data: SiteData, result: Result) -> dict[str, Any]:
         "reason": reason_for(the_run, result),
         "outcome_label": OUTCOME_LABELS[the_run.agent_outcome],
         "cpu_timings": result.timer == "cpu_wall",
-        "arithmetic": _arithmetic(result.shapes) if result.is_pass else None,
-        "roofline_arithmetic": _roofline_arithmetic(result.shapes)
+        "arithmetic": _arithmetic([s.speedup_vs_compile for s in result.shapes]) if result.is_pass else None,
+        "roofline_arithmetic": _arithmetic([s.peak_fraction for s in result.shapes], percent=True)
         if result.is_pass and result.peak_fraction is not None else None,
         "shape_params": {s.shape_idx: _params(s.shape_json) for s in result.shapes},
         "peak_text": peak_text(prob, data.hardware.get(result.gpu)),
