@@ -227,18 +227,18 @@ def _remove(folder: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def swap_in(new: Path, out_dir: Path, workers: Workers, *, remove_in_background: bool = False,
-            keep_spare: bool = False) -> None:
+def swap_in(new: Path, out_dir: Path, workers: Workers, *, keep_spare: bool = False) -> None:
     """Move the finished site to `out_dir` in one rename; the previous one is renamed aside first. With
     `keep_spare` (large sites) it stays beside `out_dir` as the spare the next build rewrites in place
-    (`adopt_spare`). Otherwise it is removed once the new one is in place: here, its run folders split
-    over `workers`, or (with `remove_in_background`) by a detached process, so that deleting thirty
-    thousand files is not part of the build's time. `sweep` removes what such a process left."""
+    (`adopt_spare`). Otherwise it is removed once the new one is in place, its run folders split over
+    `workers`; `sweep` removes what an interrupted removal left."""
     if not out_dir.exists():
         os.rename(new, out_dir)
         return
     spare = _spare_path(out_dir)
-    if keep_spare and not os.path.lexists(spare):
+    if keep_spare:
+        if os.path.lexists(spare):  # not taken over by this build (adopt_spare found none or another)
+            shutil.rmtree(spare, ignore_errors=True)
         os.rename(out_dir, spare)
         try:
             os.rename(new, out_dir)
@@ -254,9 +254,6 @@ def swap_in(new: Path, out_dir: Path, workers: Workers, *, remove_in_background:
         os.rename(old / "site", out_dir)
         shutil.rmtree(old, ignore_errors=True)
         raise
-    if remove_in_background:
-        _remove_detached(old)
-        return
     try:
         workers.map(_remove, sorted(_subfolders(old / "site", 2)))
     finally:
@@ -273,29 +270,14 @@ def discard(new: Path, out_dir: Path, marker: str, *, keep_spare: bool = False) 
         shutil.rmtree(new, ignore_errors=True)
 
 
-def _remove_detached(folder: Path) -> None:
-    """Remove `folder` in a grandchild process that outlives this one (a double fork: the child exits
-    at once and is reaped here, so no zombie and nothing to wait for). The grandchild only removes
-    files and exits without running any of this process's cleanup."""
-    child = os.fork()
-    if child == 0:
-        try:
-            os.setsid()
-            if os.fork() == 0:
-                shutil.rmtree(folder, ignore_errors=True)
-        finally:
-            os._exit(0)
-    os.waitpid(child, 0)
-
-
 def _old_prefix(out_dir: Path) -> str:
     return f".{out_dir.name}.old."
 
 
 def sweep(out_dir: Path, min_age_s: float = 600) -> None:
-    """Remove previous sites beside `out_dir` that a background removal did not finish (the machine
-    stopped, the process was killed). One renamed aside less than `min_age_s` ago is left alone: its
-    removal is most likely still running, and racing it would only slow this build down."""
+    """Remove previous sites beside `out_dir` whose removal did not finish (the machine stopped, the
+    process was killed). One renamed aside less than `min_age_s` ago is left alone: another build's
+    removal of it is most likely still running."""
     if not out_dir.parent.is_dir():
         return
     cutoff = time.time() - min_age_s

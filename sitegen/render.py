@@ -237,7 +237,7 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
         try:
             with Workers(jobs) as workers:
                 n_files = _write_site(data, pages, base_url, fingerprint, new, workers, cache, spare)
-                swap_in(new, out_dir, workers, remove_in_background=large, keep_spare=large)
+                swap_in(new, out_dir, workers, keep_spare=large)
         except BaseException:
             discard(new, out_dir, MARKER, keep_spare=large)
             raise
