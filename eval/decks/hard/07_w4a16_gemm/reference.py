@@ -83,13 +83,16 @@ def get_init_inputs():
     return [M, N, K]
 
 
+_TINYGEMM_INNER_K_TILES = 8  # tinygemm's K tiling of the packed weight (2, 4 or 8; K must divide by 16·it)
+
+
 def _tinygemm_operands(model):
     """The model's weights in tinygemm's layout, once: codes as (N, K/2) bytes (even k in the
     high nibble) converted by `_convert_weight_to_int4pack`, and (K/g, N, 2) bf16 scale and zero
     with tinygemm's dequantisation w = (code − 8)·scale + zero, so zero = (8 − zero point)·scale."""
     codes = _unpack_int4(model.w_q).t().contiguous()  # (N, K)
     pairs = ((codes[:, 0::2] << 4) | codes[:, 1::2]).to(torch.uint8)
-    packed = torch.ops.aten._convert_weight_to_int4pack(pairs, 8)
+    packed = torch.ops.aten._convert_weight_to_int4pack(pairs, _TINYGEMM_INNER_K_TILES)
     shift = ((8 - model.zeros.float()) * model.scales.float()).to(torch.bfloat16)
     return packed, torch.stack((model.scales, shift), dim=-1).contiguous()
 
