@@ -94,8 +94,12 @@ def _read_phase(path: Path) -> str | None:
 
 def run_worker(job: dict[str, Any], workdir: Path, log_path: Path, timeout_s: float, cache_key: str,
                phase_timeouts: Mapping[str, float] | None = None, arch: str | None = None,
-               on_phase: Callable[[str], None] | None = None) -> WorkerOutcome:
-    """Run one worker job; a crash, a hang or a missing result becomes a status, never a raise."""
+               on_phase: Callable[[str], None] | None = None, log_header: str | None = None) -> WorkerOutcome:
+    """Run one worker job; a crash, a hang or a missing result becomes a status, never a raise.
+
+    With `log_header` the log is appended to, after that line, instead of replaced: a table whose
+    rows accumulate over several runs (baselines) keeps the log of every run that wrote one.
+    """
     result_path = workdir.parent / f"{workdir.name}.result.json"
     phase_path = workdir.parent / f"{workdir.name}.phase"
     limits = dict(phase_timeouts or {})
@@ -106,7 +110,10 @@ def run_worker(job: dict[str, Any], workdir: Path, log_path: Path, timeout_s: fl
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     phase, phase_start = None, start
-    with open(log_path, "w") as log:
+    with open(log_path, "a" if log_header else "w") as log:
+        if log_header:
+            log.write(f"{log_header}\n")
+            log.flush()
         proc = subprocess.Popen(
             [sys.executable, "-m", "kernelboard.eval.worker", str(job_path)],
             cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

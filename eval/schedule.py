@@ -110,8 +110,10 @@ def ensure_baselines(opts: EvalOptions, gpu: str, problem: Problem, env: dict[st
            "base_seed": 2026, "variants": list(variants), "todo": todo, "checkpoint_path": str(checkpoint),
            "rep_ms": opts.rep_ms}
     log = opts.out / gpu / "logs" / f"baselines-{problem.bench}-{problem.name}.log"
+    header = (f"=== {_now():%Y-%m-%d %H:%M:%S} UTC, kernelboard {GRADER_VERSION} on {env['device_name']}: "
+              f"measuring {sum(map(len, todo.values()))} baseline rows ===")
     outcome = run_worker(job, workdir, log, opts.baseline_timeout_s, f"baselines-{problem.name}",
-                         arch=env.get("capability"))
+                         arch=env.get("capability"), log_header=header)
     measured = outcome.result.get("baselines") if outcome.result.get("status") == "ok" else None
     if measured is None:
         measured = _checkpointed(checkpoint)
