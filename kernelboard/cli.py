@@ -81,6 +81,25 @@ def eval_calibrate(out: Path) -> None:
                f"fp8 {'n/a' if fp8 is None else f'{fp8:.0f}'} TFLOP/s (datasheet {row['peak_tflop_s_fp8']})")
 
 
+@eval.command("merge")
+@click.argument("sources", nargs=-1, required=True, type=_EXISTING_DIR)
+@click.option("--into", "into", type=_DIR, default=Path("data/results"), show_default=True,
+              help="Results folder to merge into (created if missing).")
+def eval_merge(sources: tuple[Path, ...], into: Path) -> None:
+    """Merge results folders graded elsewhere (another GPU, another machine) into one.
+
+    Where both hold the same run or baseline, the later measurement wins, so the order of the
+    sources does not matter and a stale copy never replaces a fresh grading.
+    """
+    from kernelboard.eval.merge import merge_results
+
+    for src in sources:
+        report = merge_results(src, into)
+        counts = "; ".join(f"{name} {c['added']} added, {c['replaced']} replaced, {c['kept']} kept"
+                           for name, c in report.items())
+        click.echo(f"{src} -> {into}: {counts}")
+
+
 # ---------------------------------------------------------------------------------------- site
 
 

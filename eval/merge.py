@@ -1,0 +1,151 @@
+"""Merging a results folder graded elsewhere (another GPU of the host, another machine) into one.
+
+Where both folders hold a row with the same key, the one measured later wins: a graded run as a
+whole (its results row, its shape rows, its runs row and its log) by `graded_at`, a baseline row
+by `measured_at`, a hardware row by the time of its calibration. So folders can be merged in any
+order, and a stale copy never overwrites a fresh grading. Both folders are validated before
+anything is written and the merged tables after; each table is replaced atomically, results
+last, so an interruption never leaves a result whose run or shape rows are missing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from kernelboard.errors import UsageError
+
+from .schema import TABLES
+from .tables import load_all, read_table, rows_to_table, table_path, write_atomic
+
+#: Write order: a results row lands only after the run and shape rows it refers to.
+_ORDER = ("runs", "shapes", "baselines", "hardware", "results")
+_HEADER = "=== "
+
+
+def _rows(results_dir: Path, gpu: str, name: str) -> list[dict[str, Any]]:
+    path = table_path(results_dir, gpu, name)
+    return read_table(path, name).to_pylist() if path.exists() else []
+
+
+def _later(mine: dt.datetime | None, theirs: dt.datetime | None) -> bool:
+    """Is `mine` strictly later than `theirs` (a missing time is never later)?"""
+    return mine is not None and (theirs is None or mine > theirs)
+
+
+def _newer_runs(src: list[dict], dst: list[dict], tally: Counter) -> set[str]:
+    """run_ids whose grading in `src` replaces (or adds to) the one in `dst`."""
+    here = {r["run_id"]: r for r in dst}
+    won = set()
+    for row in src:
+        old = here.get(row["run_id"])
+        if old is None or _later(row["graded_at"], old["graded_at"]):
+            won.add(row["run_id"])
+            tally["added" if old is None else "replaced"] += 1
+        else:
+            tally["kept"] += 1
+    return won
+
+
+def _newer_rows(src: list[dict], dst: list[dict], key: tuple[str, ...], stamp: str,
+                tally: Counter) -> list[dict]:
+    """`dst` with every `src` row that is new or measured later put in its place."""
+    merged = {tuple(r[k] for k in key): r for r in dst}
+    for row in src:
+        k = tuple(row[c] for c in key)
+        old = merged.get(k)
+        if old is None or _later(row[stamp], old[stamp]):
+            tally["added" if old is None else "replaced"] += 1
+            merged[k] = row
+        else:
+            tally["kept"] += 1
+    return list(merged.values())
+
+
+def _merge_gpu(src: Path, dst: Path, gpu: str, report: dict[str, Counter]) -> tuple[dict[str, list[dict]], set[str]]:
+    """The merged tables of one GPU folder, and the run_ids whose grading came from `src`."""
+    tables = {name: _rows(dst, gpu, name) for name in _ORDER}
+    theirs = {name: _rows(src, gpu, name) for name in _ORDER}
+    won = _newer_runs(theirs["results"], tables["results"], report["results"])
+    tables["results"] = [r for r in tables["results"] if r["run_id"] not in won] + \
+        [r for r in theirs["results"] if r["run_id"] in won]
+    tables["shapes"] = [r for r in tables["shapes"] if r["run_id"] not in won] + \
+        [r for r in theirs["shapes"] if r["run_id"] in won]
+    known = {r["run_id"] for r in tables["runs"]}
+    incoming = [r for r in theirs["runs"] if r["run_id"] in won or r["run_id"] not in known]
+    replaced = {r["run_id"] for r in incoming}
+    tables["runs"] = [r for r in tables["runs"] if r["run_id"] not in replaced] + incoming
+    tables["baselines"] = _newer_rows(theirs["baselines"], tables["baselines"],
+                                      ("bench", "problem", "gpu", "shape_idx", "variant"), "measured_at",
+                                      report["baselines"])
+    tables["hardware"] = _newer_rows(theirs["hardware"], tables["hardware"], ("gpu",), "measured_at",
+                                     report["hardware"])
+    return tables, won
+
+
+def _log_parts(text: str) -> list[str]:
+    """A baseline log split into its headed parts (one per measuring run)."""
+    parts: list[str] = []
+    for line in text.splitlines(keepends=True):
+        if line.startswith(_HEADER) or not parts:
+            parts.append(line)
+        else:
+            parts[-1] += line
+    return parts
+
+
+def _merge_logs(src: Path, dst: Path, gpu: str, won: Iterable[str]) -> None:
+    """Run logs follow the grading that won; baseline logs gain the parts they do not have yet."""
+    src_logs, dst_logs = src / gpu / "logs", dst / gpu / "logs"
+    if not src_logs.is_dir():
+        return
+    dst_logs.mkdir(parents=True, exist_ok=True)
+    for run_id in won:
+        for log in src_logs.glob(f"{run_id}.*log"):
+            shutil.copy2(log, dst_logs / log.name)
+    for log in src_logs.glob("baselines-*.log"):
+        target = dst_logs / log.name
+        have = target.read_text() if target.exists() else ""
+        missing = [p for p in _log_parts(log.read_text()) if p not in have]
+        if missing:
+            with target.open("a") as fh:
+                fh.write(("" if not have or have.endswith("\n") else "\n") + "".join(missing))
+
+
+def merge_results(src: Path, dst: Path) -> dict[str, Counter]:
+    """Merge every GPU folder of `src` into `dst`; returns added / replaced / kept counts per table."""
+    if src.resolve() == dst.resolve():
+        raise UsageError(f"{src}: merging a results folder into itself")
+    load_all(src)  # every table of both sides valid before anything is written
+    if dst.exists():
+        load_all(dst)
+    report: dict[str, Counter] = {name: Counter() for name in ("results", "baselines", "hardware")}
+    gpus = sorted(p.name for p in src.iterdir() if p.is_dir())
+    merged = {gpu: _merge_gpu(src, dst, gpu, report) for gpu in gpus}
+    with tempfile.TemporaryDirectory(prefix="kernelboard-merge-") as tmp:
+        staged = Path(tmp) / "results"
+        if dst.exists():
+            for gpu_dir in (p for p in dst.iterdir() if p.is_dir()):
+                for table in gpu_dir.glob("*.parquet"):
+                    (staged / gpu_dir.name).mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(table, staged / gpu_dir.name / table.name)
+        for gpu, (tables, _) in merged.items():
+            for name in _ORDER:
+                if tables[name]:
+                    table = rows_to_table(name, tables[name]).sort_by([(k, "ascending") for k in TABLES[name][1]])
+                    write_atomic(table, table_path(staged, gpu, name))
+        load_all(staged)  # the merged whole keeps the contract (cross-table rules included)
+        for gpu in gpus:
+            for name in _ORDER:
+                path = table_path(staged, gpu, name)
+                if path.exists():
+                    table_path(dst, gpu, name).parent.mkdir(parents=True, exist_ok=True)
+                    write_atomic(read_table(path, name), table_path(dst, gpu, name))
+    for gpu, (_, won) in merged.items():
+        _merge_logs(src, dst, gpu, won)
+    return report

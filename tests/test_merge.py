@@ -1,0 +1,137 @@
+"""`kernelboard eval merge`: folders graded apart become one, the later measurement winning.
+
+Built on the committed H200 tables (real gradings) with a few rows moved in time, so every rule
+is exercised on the real schema: a later regrade replaces, a stale copy is kept out, a run only
+one side has is added, the merge is order-independent, and bad input changes nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kernelboard.cli import main
+from kernelboard.errors import DataError
+from kernelboard.eval.merge import merge_results
+from kernelboard.eval.tables import read_table, rows_to_table, table_path, write_atomic
+
+REAL = Path(__file__).resolve().parents[1] / "data" / "results"
+GPU = "h200"
+PAGED = "20261129_190000_house_kernelboard-house_03_paged_attention"
+FP8 = "20261129_190000_house_kernelboard-house_01_fp8_gemm"
+W4_V3 = "20261130_031500_house_kernelboard-house_07_w4a16_gemm"
+HOUR = dt.timedelta(hours=1)
+
+
+def _edit(results: Path, name: str, change: Callable[[list[dict]], list[dict]]) -> None:
+    path = table_path(results, GPU, name)
+    write_atomic(rows_to_table(name, change(read_table(path, name).to_pylist())), path)
+
+
+def _shift(run_id: str, delta: dt.timedelta, message: str, factor: float = 1.0) -> Callable[[list[dict]], list[dict]]:
+    def change(rows: list[dict]) -> list[dict]:
+        for r in rows:
+            if r["run_id"] == run_id:
+                if "graded_at" in r:
+                    r["graded_at"], r["message"] = r["graded_at"] + delta, message
+                else:
+                    r["median_ms"] *= factor
+        return rows
+    return change
+
+
+def _by_run(results: Path, name: str) -> dict[tuple, dict]:
+    return {(r["run_id"], r.get("shape_idx")): r
+            for r in read_table(table_path(results, GPU, name), name).to_pylist()}
+
+
+@pytest.fixture
+def folders(tmp_path: Path) -> tuple[Path, Path]:
+    """src: 03 regraded an hour later (shapes 10% slower), 01 a stale copy from a day before.
+    dst: the committed tables without 07's v3 run."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    shutil.copytree(REAL, src)
+    shutil.copytree(REAL, dst)
+    _edit(src, "results", _shift(PAGED, HOUR, "regraded later"))
+    _edit(src, "shapes", _shift(PAGED, HOUR, "", factor=1.1))
+    _edit(src, "results", _shift(FP8, -24 * HOUR, "stale copy"))
+    for name in ("results", "shapes", "runs"):
+        _edit(dst, name, lambda rows: [r for r in rows if r["run_id"] != W4_V3])
+    (dst / GPU / "logs" / f"{W4_V3}.log").unlink()
+    return src, dst
+
+
+def test_the_later_grading_wins_and_a_run_only_one_side_has_is_added(folders: tuple[Path, Path]) -> None:
+    src, dst = folders
+    report = merge_results(src, dst)
+    assert report["results"] == {"added": 1, "replaced": 1, "kept": len(_by_run(REAL, "results")) - 2}
+    results, shapes = _by_run(dst, "results"), _by_run(dst, "shapes")
+    assert results[(PAGED, None)]["message"] == "regraded later"
+    original = _by_run(REAL, "shapes")
+    assert all(shapes[(PAGED, i)]["median_ms"] == pytest.approx(original[(PAGED, i)]["median_ms"] * 1.1)
+               for i in range(5))
+    assert results[(FP8, None)]["message"] != "stale copy"
+    assert (W4_V3, None) in results and len([k for k in shapes if k[0] == W4_V3]) == 5
+    assert (dst / GPU / "logs" / f"{W4_V3}.log").exists()
+    assert W4_V3 in {r["run_id"] for r in read_table(table_path(dst, GPU, "runs"), "runs").to_pylist()}
+
+
+def test_the_order_of_merging_does_not_matter(folders: tuple[Path, Path], tmp_path: Path) -> None:
+    src, dst = folders
+    src_copy, dst_copy = tmp_path / "src2", tmp_path / "dst2"
+    shutil.copytree(src, src_copy)
+    shutil.copytree(dst, dst_copy)
+    merge_results(src, dst)
+    merge_results(dst_copy, src_copy)
+    for name in ("runs", "results", "shapes", "baselines", "hardware"):
+        assert read_table(table_path(dst, GPU, name), name).equals(read_table(table_path(src_copy, GPU, name), name))
+
+
+def test_a_later_baseline_replaces_and_its_log_part_is_appended_once(folders: tuple[Path, Path]) -> None:
+    src, dst = folders
+    key = ("07_w4a16_gemm", 2, "compile:default")
+
+    def later(rows: list[dict]) -> list[dict]:
+        for r in rows:
+            if (r["problem"], r["shape_idx"], r["variant"]) == key:
+                r["measured_at"] += HOUR
+                r["median_ms"] = 0.5
+        return rows
+
+    _edit(src, "baselines", later)
+    part = "=== 2026-12-01 00:00:00 UTC, kernelboard 0.2.2 on NVIDIA H200: measuring 1 baseline rows ===\n" \
+           "[baseline] shape 2 compile:default: 0.5000 ms\n"
+    with (src / GPU / "logs" / "baselines-hard-07_w4a16_gemm.log").open("a") as fh:
+        fh.write(part)
+    assert merge_results(src, dst)["baselines"]["replaced"] == 1
+    merge_results(src, dst)  # a second merge adds nothing
+    rows = read_table(table_path(dst, GPU, "baselines"), "baselines").to_pylist()
+    assert [r["median_ms"] for r in rows if (r["problem"], r["shape_idx"], r["variant"]) == key] == [0.5]
+    log = (dst / GPU / "logs" / "baselines-hard-07_w4a16_gemm.log").read_text()
+    committed = (REAL / GPU / "logs" / "baselines-hard-07_w4a16_gemm.log").read_text()
+    assert log.count(part) == 1 and log.startswith(committed)
+
+
+def test_a_broken_source_is_named_and_nothing_is_written(folders: tuple[Path, Path]) -> None:
+    src, dst = folders
+    table_path(src, GPU, "shapes").write_bytes(b"not parquet")
+    before = {p: p.read_bytes() for p in dst.rglob("*") if p.is_file()}
+    with pytest.raises(DataError) as err:
+        merge_results(src, dst)
+    assert str(table_path(src, GPU, "shapes")) in str(err.value) and "cannot read as parquet" in str(err.value)
+    assert {p: p.read_bytes() for p in dst.rglob("*") if p.is_file()} == before
+
+
+def test_cli_reports_counts_and_refuses_a_folder_into_itself(folders: tuple[Path, Path]) -> None:
+    src, dst = folders
+    runner = CliRunner()
+    ok = runner.invoke(main, ["eval", "merge", str(src), "--into", str(dst)])
+    assert ok.exit_code == 0, ok.output
+    assert f"results 1 added, 1 replaced, {len(_by_run(REAL, 'results')) - 2} kept" in ok.output
+    same = runner.invoke(main, ["eval", "merge", str(dst), "--into", str(dst)])
+    assert same.exit_code == 2 and "into itself" in same.output and "Traceback" not in same.output
