@@ -116,6 +116,7 @@ def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int,
     judge's views of each check's inputs (None for a non-tensor input)."""
     arena = Arena({"init_args": plan.init_args, "state_dict": plan.state_dict,
                    "checks": [c.inputs for c in plan.checks], "timing": plan.timing_sets})
+    log("worker", f"shape {plan.shape.idx}: {arena.size / 1e9:.2f} GB of inputs and state copied to shared memory")
     try:
         link.ask("shape", f"shape {plan.shape.idx}: building Model", fds=(arena.fd,), shape=k, seed=seed,
                  arena_size=arena.size, values=arena.encoded)
