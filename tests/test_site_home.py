@@ -178,3 +178,23 @@ def test_without_javascript_every_gpu_is_a_plain_section(browser: Browser, site_
     page.locator(f"#{MEGA} nav a[href='#mega-cpu']").click()  # the tab links still jump to their section
     assert page.url.endswith("#mega-cpu")
     context.close()
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_the_committed_six_problem_board_fits_a_laptop_screen(browser: Browser, tmp_path: Path) -> None:
+    """The real Hard deck (six problems with long names) on a 1280-px window: every problem column
+    is on screen without scrolling the board sideways."""
+    from kernelboard.sitegen import build_site
+
+    repo = Path(__file__).resolve().parents[1]
+    build_site(repo / "data", repo / "eval" / "decks", tmp_path / "dist")
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    with serve(tmp_path / "dist") as url:
+        page.goto(url + "/")
+        boards = page.locator(".leaderboard").evaluate_all(
+            "ts => ts.map(t => [t.querySelectorAll('thead th.problem').length, t.scrollWidth,"
+            " t.closest('.table-wrap').clientWidth])")
+    page.close()
+    assert boards and all(n == 6 for n, _, _ in boards), boards
+    assert all(width <= wrap for _, width, wrap in boards), boards
