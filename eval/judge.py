@@ -123,7 +123,7 @@ def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int,
     finally:
         arena.close_fd()
     for check in plan.checks:
-        check.inputs = []  # the arena holds them now; the pristine copies stay
+        check.inputs = []  # the arena holds the runner's copy; `pristine` keeps the judge's
     plan.timing_inputs = plan.timing_sets if keep_timing_inputs else []  # for rules that read the inputs
     plan.timing_sets = []
     return [[arena.view(r) if isinstance(r, TensorRef) else None for r in inputs]

@@ -274,3 +274,25 @@ def test_the_judge_keeps_the_parents_budgets_one_margin_early() -> None:
     assert message == "phase 'build' ran past its 10 s budget"
     assert at == pytest.approx(time.monotonic() + 10.0 - DEADLINE_MARGIN_S, abs=0.5)
     assert Phases({}, {}).deadline() == (None, "")
+
+
+def test_the_plan_holds_one_copy_of_each_check_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The judge's record of a check's inputs is the drawn tensors themselves, not a second copy
+    (06's headline shape: 16 input sets of 2.1 GB); the runner gets the arena's copy."""
+    import sys
+    from pathlib import Path
+
+    from kernelboard.eval.deck import load_problem
+    from kernelboard.eval.plan import import_file, make_plan
+
+    monkeypatch.setitem(sys.modules, "reference", None)  # restored after: import_file registers its own
+    problem = load_problem(Path(__file__).resolve().parents[1] / "eval" / "decks" / "hard" / "06_sonic_moe_swiglu")
+    reference = import_file("reference", problem.reference_path)
+    plan = make_plan(problem, reference, problem.shapes_for("cpu")[:1], [42, 7], (1, 2), "cpu")[0]
+    assert len(plan.checks) > 4
+    for check in plan.checks:
+        assert all(a is b for a, b in zip(check.inputs, check.pristine, strict=True)), check.label
+    arena = Arena({"checks": [c.inputs for c in plan.checks]})
+    ref = arena.encoded["checks"][0][0]
+    arena.view(ref).view(torch.bfloat16).zero_()  # the runner scribbles over its copy
+    assert plan.checks[0].pristine[0].abs().sum() > 0  # the judge's record is untouched
