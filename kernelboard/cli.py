@@ -57,13 +57,21 @@ def main() -> None:
               type=click.Choice(["compile:max-autotune"]),
               help="Do not measure this baseline variant (max-autotune can take minutes a problem); the "
                    "headline is then the fastest variant measured, and the tables show which one it was.")
+@click.option("--gpus", default=None, metavar="LIST",
+              help="Grade on these CUDA devices at once (e.g. 0,1): one grader process per GPU, problems "
+                   "spread across them, results merged into --out.")
 @click.pass_context
-def eval(ctx: click.Context, **options: object) -> None:
+def eval(ctx: click.Context, gpus: str | None, **options: object) -> None:
     """Grade submissions against the deck's references: correctness first, then timing."""
     if ctx.invoked_subcommand is not None:
         return
     from kernelboard.eval.schedule import EvalOptions, run_eval
 
+    if gpus is not None:
+        from kernelboard.eval.parallel import run_parallel
+
+        run_parallel(EvalOptions(**options), [d.strip() for d in gpus.split(",")])  # type: ignore[arg-type]
+        return
     run_eval(EvalOptions(**options))  # type: ignore[arg-type]
 
 
