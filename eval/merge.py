@@ -117,10 +117,19 @@ def _merge_logs(src: Path, dst: Path, gpu: str, won: Iterable[str]) -> None:
                 fh.write(("" if not have or have.endswith("\n") else "\n") + "".join(missing))
 
 
+def has_tables(results_dir: Path) -> bool:
+    """Does this folder hold results tables, in <gpu>/ folders?"""
+    return any(results_dir.glob("*/*.parquet"))
+
+
 def merge_results(src: Path, dst: Path) -> dict[str, Counter]:
     """Merge every GPU folder of `src` into `dst`; returns added / replaced / kept counts per table."""
     if src.resolve() == dst.resolve():
         raise UsageError(f"{src}: merging a results folder into itself")
+    if any(src.glob("*.parquet")):
+        raise UsageError(f"{src}: this is one GPU's folder; merge the results folder that holds it ({src.parent})")
+    if not has_tables(src):
+        raise UsageError(f"{src}: no results tables in <gpu>/ folders here (e.g. {src / 'h200' / 'results.parquet'})")
     load_all(src)  # every table of both sides valid before anything is written
     if dst.exists():
         load_all(dst)

@@ -23,7 +23,7 @@ from rich.console import Console
 
 from kernelboard.errors import KernelboardError, UsageError
 
-from .merge import merge_results
+from .merge import has_tables, merge_results
 from .schedule import EvalOptions
 from .submission import discover
 
@@ -66,7 +66,7 @@ def _recover(opts: EvalOptions, devices: list[str]) -> None:
     for device in devices:
         left = child_folder(opts.out, device)
         if left.is_dir():
-            if any(p.is_dir() for p in left.iterdir()):
+            if has_tables(left):
                 merge_results(left, opts.out)
                 _console.print(f"merged {left}, left by an interrupted run, into {opts.out}")
             shutil.rmtree(left)
@@ -103,8 +103,9 @@ def run_parallel(opts: EvalOptions, devices: list[str]) -> None:
             time.sleep(1.0)
     for device, problems, out, proc, log in children:
         log.close()
-        r = merge_results(out, opts.out)["results"]  # what a failed child finished counts too
-        _console.print(f"GPU {device}: merged into {opts.out}: {r['added']} added, {r['replaced']} regraded")
+        if has_tables(out):  # what a failed child finished counts too
+            r = merge_results(out, opts.out)["results"]
+            _console.print(f"GPU {device}: merged into {opts.out}: {r['added']} added, {r['replaced']} regraded")
         if proc.returncode == 0:
             shutil.rmtree(out)
         else:

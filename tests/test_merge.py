@@ -135,3 +135,14 @@ def test_cli_reports_counts_and_refuses_a_folder_into_itself(folders: tuple[Path
     assert f"results 1 added, 1 replaced, {len(_by_run(REAL, 'results')) - 2} kept" in ok.output
     same = runner.invoke(main, ["eval", "merge", str(dst), "--into", str(dst)])
     assert same.exit_code == 2 and "into itself" in same.output and "Traceback" not in same.output
+
+
+def test_a_gpu_folder_or_an_empty_one_is_refused_with_what_was_expected(folders: tuple[Path, Path],
+                                                                        tmp_path: Path) -> None:
+    src, dst = folders
+    runner = CliRunner()
+    one_gpu = runner.invoke(main, ["eval", "merge", str(src / GPU), "--into", str(dst)])
+    assert one_gpu.exit_code == 2 and "one GPU's folder" in one_gpu.output and str(src) in one_gpu.output
+    (tmp_path / "empty").mkdir()
+    empty = runner.invoke(main, ["eval", "merge", str(tmp_path / "empty"), "--into", str(dst)])
+    assert empty.exit_code == 2 and "no results tables" in empty.output and "Traceback" not in empty.output
