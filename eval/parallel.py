@@ -61,10 +61,9 @@ def _child_args(opts: EvalOptions, out: Path, run_ids: list[str]) -> list[str]:
     return args
 
 
-def _recover(opts: EvalOptions, devices: list[str]) -> None:
-    """Merge what an interrupted parallel run left beside --out, then start clean."""
-    for device in devices:
-        left = child_folder(opts.out, device)
+def _recover(opts: EvalOptions) -> None:
+    """Merge what an interrupted parallel run (on any devices) left beside --out, then start clean."""
+    for left in sorted(opts.out.parent.glob(f".{opts.out.name}.gpu*")):
         if left.is_dir():
             if has_tables(left):
                 merge_results(left, opts.out)
@@ -76,7 +75,7 @@ def run_parallel(opts: EvalOptions, devices: list[str]) -> None:
     """Grade the selected submissions on `devices`, one child process each; merge into --out."""
     if len(set(devices)) != len(devices) or not all(devices):
         raise UsageError(f"--gpus: expected distinct device indices like 0,1, got {','.join(devices)!r}")
-    _recover(opts, devices)
+    _recover(opts)
     subs = [s for s in discover(opts.submissions)
             if not opts.only or any(fnmatch.fnmatch(s.run_id, g) for g in opts.only)]
     if not subs:
