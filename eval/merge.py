@@ -38,53 +38,40 @@ def _later(mine: dt.datetime | None, theirs: dt.datetime | None) -> bool:
     return mine is not None and (theirs is None or mine > theirs)
 
 
-def _newer_runs(src: list[dict], dst: list[dict], tally: Counter) -> set[str]:
-    """run_ids whose grading in `src` replaces (or adds to) the one in `dst`."""
-    here = {r["run_id"]: r for r in dst}
-    won = set()
-    for row in src:
-        old = here.get(row["run_id"])
-        if old is None or _later(row["graded_at"], old["graded_at"]):
-            won.add(row["run_id"])
-            tally["added" if old is None else "replaced"] += 1
-        else:
-            tally["kept"] += 1
-    return won
-
-
 def _newer_rows(src: list[dict], dst: list[dict], key: tuple[str, ...], stamp: str,
-                tally: Counter) -> list[dict]:
-    """`dst` with every `src` row that is new or measured later put in its place."""
+                tally: Counter) -> tuple[list[dict], set[tuple]]:
+    """`dst` with every `src` row that is new or measured later put in its place, and the keys
+    of the rows taken from `src`."""
     merged = {tuple(r[k] for k in key): r for r in dst}
+    taken = set()
     for row in src:
         k = tuple(row[c] for c in key)
         old = merged.get(k)
         if old is None or _later(row[stamp], old[stamp]):
             tally["added" if old is None else "replaced"] += 1
             merged[k] = row
+            taken.add(k)
         else:
             tally["kept"] += 1
-    return list(merged.values())
+    return list(merged.values()), taken
 
 
 def _merge_gpu(src: Path, dst: Path, gpu: str, report: dict[str, Counter]) -> tuple[dict[str, list[dict]], set[str]]:
     """The merged tables of one GPU folder, and the run_ids whose grading came from `src`."""
     tables = {name: _rows(dst, gpu, name) for name in _ORDER}
     theirs = {name: _rows(src, gpu, name) for name in _ORDER}
-    won = _newer_runs(theirs["results"], tables["results"], report["results"])
-    tables["results"] = [r for r in tables["results"] if r["run_id"] not in won] + \
-        [r for r in theirs["results"] if r["run_id"] in won]
+    tables["results"], taken = _newer_rows(theirs["results"], tables["results"], TABLES["results"][1],
+                                           "graded_at", report["results"])
+    won = {run_id for run_id, _ in taken}  # a run moves as a whole: its shapes and runs row follow
     tables["shapes"] = [r for r in tables["shapes"] if r["run_id"] not in won] + \
         [r for r in theirs["shapes"] if r["run_id"] in won]
     known = {r["run_id"] for r in tables["runs"]}
     incoming = [r for r in theirs["runs"] if r["run_id"] in won or r["run_id"] not in known]
     replaced = {r["run_id"] for r in incoming}
     tables["runs"] = [r for r in tables["runs"] if r["run_id"] not in replaced] + incoming
-    tables["baselines"] = _newer_rows(theirs["baselines"], tables["baselines"],
-                                      ("bench", "problem", "gpu", "shape_idx", "variant"), "measured_at",
-                                      report["baselines"])
-    tables["hardware"] = _newer_rows(theirs["hardware"], tables["hardware"], ("gpu",), "measured_at",
-                                     report["hardware"])
+    for name in ("baselines", "hardware"):
+        stamp = "measured_at"  # a baseline's measurement; the hardware row's calibration
+        tables[name], _ = _newer_rows(theirs[name], tables[name], TABLES[name][1], stamp, report[name])
     return tables, won
 
 
@@ -143,18 +130,16 @@ def merge_results(src: Path, dst: Path) -> dict[str, Counter]:
                 for table in gpu_dir.glob("*.parquet"):
                     (staged / gpu_dir.name).mkdir(parents=True, exist_ok=True)
                     shutil.copy2(table, staged / gpu_dir.name / table.name)
+        written = {}
         for gpu, (tables, _) in merged.items():
             for name in _ORDER:
                 if tables[name]:
                     table = rows_to_table(name, tables[name]).sort_by([(k, "ascending") for k in TABLES[name][1]])
                     write_atomic(table, table_path(staged, gpu, name))
+                    written[gpu, name] = table
         load_all(staged)  # the merged whole keeps the contract (cross-table rules included)
-        for gpu in gpus:
-            for name in _ORDER:
-                path = table_path(staged, gpu, name)
-                if path.exists():
-                    table_path(dst, gpu, name).parent.mkdir(parents=True, exist_ok=True)
-                    write_atomic(read_table(path, name), table_path(dst, gpu, name))
+    for (gpu, name), table in written.items():  # in _ORDER within each GPU: results last
+        write_atomic(table, table_path(dst, gpu, name))
     for gpu, (_, won) in merged.items():
         _merge_logs(src, dst, gpu, won)
     return report

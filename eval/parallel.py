@@ -10,7 +10,6 @@ merged first, so nothing a child finished is lost.
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import shutil
 import subprocess
@@ -24,8 +23,7 @@ from rich.console import Console
 from kernelboard.errors import KernelboardError, UsageError
 
 from .merge import has_tables, merge_results
-from .schedule import EvalOptions
-from .submission import discover
+from .schedule import EvalOptions, select_submissions
 
 _console = Console(stderr=True)
 
@@ -76,10 +74,7 @@ def run_parallel(opts: EvalOptions, devices: list[str]) -> None:
     if len(set(devices)) != len(devices) or not all(devices):
         raise UsageError(f"--gpus: expected distinct device indices like 0,1, got {','.join(devices)!r}")
     _recover(opts)
-    subs = [s for s in discover(opts.submissions)
-            if not opts.only or any(fnmatch.fnmatch(s.run_id, g) for g in opts.only)]
-    if not subs:
-        raise UsageError(f"no submissions under {opts.submissions} match {list(opts.only) or 'anything'}")
+    subs = select_submissions(opts)
     runs = Counter(s.problem for s in subs)
     plan = [(d, ps) for d, ps in zip(devices, spread(runs, len(devices)), strict=True) if ps]
     children = []

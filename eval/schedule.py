@@ -242,6 +242,15 @@ def _prebuild(opts: EvalOptions, gpu: str, problem: Problem, sub: Submission, en
                           env.get("capability"))
 
 
+def select_submissions(opts: EvalOptions) -> list[Submission]:
+    """The submissions `--only` selects (all without it), sorted by run_id; none is a usage error."""
+    subs = [s for s in discover(opts.submissions)
+            if not opts.only or any(fnmatch.fnmatch(s.run_id, g) for g in opts.only)]
+    if not subs:
+        raise UsageError(f"no submissions under {opts.submissions} match {list(opts.only) or 'anything'}")
+    return subs
+
+
 def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
     """Grade every selected submission; returns the result rows written.
 
@@ -249,10 +258,7 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
     (`--prebuild`, on by default for CUDA): its worker then finds them in the shared cache.
     """
     deck = load_deck(opts.deck)
-    subs = [s for s in discover(opts.submissions)
-            if not opts.only or any(fnmatch.fnmatch(s.run_id, g) for g in opts.only)]
-    if not subs:
-        raise UsageError(f"no submissions under {opts.submissions} match {list(opts.only) or 'anything'}")
+    subs = select_submissions(opts)
     env = probe_device(opts.device)
     gpu = "cpu" if opts.device == "cpu" else gpu_key(env["device_name"])
     spec = GPUS.get(gpu)

@@ -33,14 +33,22 @@ def _edit(results: Path, name: str, change: Callable[[list[dict]], list[dict]]) 
     write_atomic(rows_to_table(name, change(read_table(path, name).to_pylist())), path)
 
 
-def _shift(run_id: str, delta: dt.timedelta, message: str, factor: float = 1.0) -> Callable[[list[dict]], list[dict]]:
+def _regraded(run_id: str, delta: dt.timedelta, message: str) -> Callable[[list[dict]], list[dict]]:
+    """Results rows: `run_id` graded `delta` later (earlier if negative), with a telling message."""
     def change(rows: list[dict]) -> list[dict]:
         for r in rows:
             if r["run_id"] == run_id:
-                if "graded_at" in r:
-                    r["graded_at"], r["message"] = r["graded_at"] + delta, message
-                else:
-                    r["median_ms"] *= factor
+                r["graded_at"], r["message"] = r["graded_at"] + delta, message
+        return rows
+    return change
+
+
+def _slower(run_id: str, factor: float) -> Callable[[list[dict]], list[dict]]:
+    """Shape rows: `run_id`'s medians × `factor`."""
+    def change(rows: list[dict]) -> list[dict]:
+        for r in rows:
+            if r["run_id"] == run_id:
+                r["median_ms"] *= factor
         return rows
     return change
 
@@ -57,9 +65,9 @@ def folders(tmp_path: Path) -> tuple[Path, Path]:
     src, dst = tmp_path / "src", tmp_path / "dst"
     shutil.copytree(REAL, src)
     shutil.copytree(REAL, dst)
-    _edit(src, "results", _shift(PAGED, HOUR, "regraded later"))
-    _edit(src, "shapes", _shift(PAGED, HOUR, "", factor=1.1))
-    _edit(src, "results", _shift(FP8, -24 * HOUR, "stale copy"))
+    _edit(src, "results", _regraded(PAGED, HOUR, "regraded later"))
+    _edit(src, "shapes", _slower(PAGED, 1.1))
+    _edit(src, "results", _regraded(FP8, -24 * HOUR, "stale copy"))
     for name in ("results", "shapes", "runs"):
         _edit(dst, name, lambda rows: [r for r in rows if r["run_id"] != W4_V3])
     (dst / GPU / "logs" / f"{W4_V3}.log").unlink()
