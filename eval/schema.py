@@ -115,6 +115,9 @@ RESULTS = _schema(
     _f("seeds", pa.list_(pa.int64())),
     _f("grade_seconds", pa.float64()),
     _f("log_path", pa.string()),
+    # Why a graded run takes no board cell (None: it competes). Only an importer sets it, to mirror
+    # another grader's curation (a run that grader graded but keeps off its board, with its reason).
+    _f("off_board", pa.string()),
 )
 
 SHAPES = _schema(
@@ -180,6 +183,10 @@ HARDWARE = _schema(
     _f("measured_fp8_tflop_s", pa.float64()),
     _f("measured_at", _ts),
 )
+
+#: Nullable columns added to schema version 1 after files were written: a file without one reads as
+#: all nulls (the column's meaning for rows written before it existed).
+ADDED_COLUMNS: dict[str, tuple[str, ...]] = {"results": ("off_board",)}
 
 #: Table name -> (schema, key columns). A key identifies a row; rewriting a key replaces the row.
 TABLES: dict[str, tuple[pa.Schema, tuple[str, ...]]] = {

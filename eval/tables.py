@@ -20,9 +20,12 @@ import pyarrow.parquet as pq
 
 from kernelboard.errors import DataError
 
-from .schema import DNF_OUTCOMES, ENUMS, SCHEMA_VERSION, TABLES
+from .schema import ADDED_COLUMNS, DNF_OUTCOMES, ENUMS, SCHEMA_VERSION, TABLES
 
 _POSITIVE_TIMES = ("median_ms", "p10_ms", "p90_ms", "min_ms")
+
+#: `measured_by` of rows an importer read from another grader ("KernelBench-Hard (imported)").
+IMPORTED_SUFFIX = "(imported)"
 
 
 def table_path(results_dir: Path, gpu: str, name: str) -> Path:
@@ -33,6 +36,15 @@ def _row_label(name: str, i: int, row: Mapping[str, Any]) -> str:
     keys = TABLES[name][1]
     ident = ", ".join(f"{k}={row.get(k)!r}" for k in keys if k in row)
     return f"row {i} ({ident})"
+
+
+def _with_added_columns(name: str, table: pa.Table) -> pa.Table:
+    """`table` with every column added to the schema since it was written, as nulls."""
+    schema, _ = TABLES[name]
+    for column in ADDED_COLUMNS.get(name, ()):
+        if column not in table.column_names:
+            table = table.append_column(schema.field(column), pa.nulls(table.num_rows, schema.field(column).type))
+    return table
 
 
 def _check_columns(name: str, table: pa.Table, where: str) -> list[str]:
@@ -75,11 +87,22 @@ def _check_row(name: str, row: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 def _check_result_score(row: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """A pass carries a score; anything else carries none (a failure is not a score of 0)."""
+    """A pass carries a score; anything else carries none (a failure is not a score of 0).
+
+    The score is the speedups over compile and eager; a pass imported from another grader that
+    published no baselines to derive them from (`measured_by` ends in IMPORTED_SUFFIX, both speedups
+    null) carries that grader's own score instead, a positive `peak_fraction`.
+    """
     scores = ("speedup_vs_compile", "speedup_vs_eager", "peak_fraction", "peak_fraction_measured")
     if row.get("status") == "pass":
         bad = []
-        for column in ("speedup_vs_compile", "speedup_vs_eager"):
+        speedups = ("speedup_vs_compile", "speedup_vs_eager")
+        fraction_only = (str(row.get("measured_by") or "").endswith(IMPORTED_SUFFIX)
+                         and all(row.get(c) is None for c in speedups))
+        if fraction_only and not _finite_positive(row.get("peak_fraction")):
+            bad.append(("peak_fraction", "an imported pass without speedups needs its grader's positive "
+                                         f"peak fraction, got {row.get('peak_fraction')!r}"))
+        for column in () if fraction_only else speedups:
             if not _finite_positive(row.get(column)):
                 bad.append((column, f"a pass needs a positive speedup, got {row.get(column)!r}"))
         if not (row.get("n_shapes") or 0) > 0:
@@ -115,7 +138,7 @@ def validate(name: str, table: pa.Table, where: str) -> list[str]:
 def read_table(path: Path, name: str) -> pa.Table:
     """Read and validate one table file; raise `DataError` listing every problem."""
     try:
-        table = pq.read_table(path)
+        table = _with_added_columns(name, pq.read_table(path))
     except (OSError, pa.ArrowException) as exc:
         raise DataError([f"{path}: cannot read as parquet ({exc})"]) from None
     problems = validate(name, table, str(path))

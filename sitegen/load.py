@@ -25,6 +25,7 @@ from kernelboard.eval.hardware import PRECISIONS
 from kernelboard.eval.roofline import geomean
 from kernelboard.eval.schema import TABLES
 from kernelboard.eval.submission import RUN_ID_PATTERN
+from kernelboard.eval.tables import IMPORTED_SUFFIX as IMPORTED
 from kernelboard.eval.tables import load_all
 
 from .ingest.annotations import Annotation, load_annotations
@@ -43,8 +44,9 @@ HOUSE_HARNESS = "house"
 _GEOMEAN_RTOL = 1e-6
 
 #: `measured_by` of rows an importer read from another grader ("KernelBench-Hard (imported)"). Such a pass
-#: may carry per-shape times without per-shape speedups (the other grader published only geomean baselines).
-IMPORTED_SUFFIX = "(imported)"
+#: may carry per-shape times without per-shape speedups (the other grader published only geomean baselines),
+#: or no speedup at all, only that grader's own score (its peak fraction).
+IMPORTED_SUFFIX = IMPORTED
 
 __all__ = [
     "CPU_KEY",
@@ -160,11 +162,17 @@ class Result:
     seeds: list[int] | None
     grade_seconds: float | None
     log_path: str | None
+    off_board: str | None = None  # why it takes no board cell (an imported grader's curation)
     shapes: tuple[ShapeResult, ...] = ()
 
     @property
     def is_pass(self) -> bool:
         return self.status == "pass"
+
+    @property
+    def is_imported(self) -> bool:
+        """Measured by another grader and read by an importer, not measured by kernelboard."""
+        return self.measured_by.endswith(IMPORTED_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -334,7 +342,9 @@ def _check_results(results_dir: Path, runs: dict[str, Run], results: tuple[Resul
         if not r.is_pass:
             continue
         speedups = [s.speedup_vs_compile for s in r.shapes]
-        imported_geomean_only = r.measured_by.endswith(IMPORTED_SUFFIX) and all(v is None for v in speedups)
+        imported_geomean_only = r.is_imported and all(v is None for v in speedups)
+        if r.is_imported and r.speedup_vs_compile is None:
+            continue  # its grader's score only (the contract checked it): shape rows are what it published
         if len(r.shapes) != r.n_shapes:
             bad.append(f"{where}: field 'n_shapes': a pass over {r.n_shapes} shapes has {len(r.shapes)} "
                        f"rows in shapes.parquet")
