@@ -91,7 +91,8 @@ def _check_result_score(row: Mapping[str, Any]) -> list[tuple[str, str]]:
 
     The score is the speedups over compile and eager; a pass imported from another grader that
     published no baselines to derive them from (`measured_by` ends in IMPORTED_SUFFIX, both speedups
-    null) carries that grader's own score instead, a positive `peak_fraction`.
+    null) carries that grader's own score instead, a positive `peak_fraction` — or none, where that
+    grader passed the run but published no score (the verdict is kept; the board counts it as 0).
     """
     scores = ("speedup_vs_compile", "speedup_vs_eager", "peak_fraction", "peak_fraction_measured")
     if row.get("status") == "pass":
@@ -99,13 +100,14 @@ def _check_result_score(row: Mapping[str, Any]) -> list[tuple[str, str]]:
         speedups = ("speedup_vs_compile", "speedup_vs_eager")
         fraction_only = (str(row.get("measured_by") or "").endswith(IMPORTED_SUFFIX)
                          and all(row.get(c) is None for c in speedups))
-        if fraction_only and not _finite_positive(row.get("peak_fraction")):
-            bad.append(("peak_fraction", "an imported pass without speedups needs its grader's positive "
-                                         f"peak fraction, got {row.get('peak_fraction')!r}"))
+        pf = row.get("peak_fraction")
+        if fraction_only and pf is not None and not _finite_positive(pf):
+            bad.append(("peak_fraction", "an imported pass without speedups carries its grader's positive "
+                                         f"peak fraction or none, got {pf!r}"))
         for column in () if fraction_only else speedups:
             if not _finite_positive(row.get(column)):
                 bad.append((column, f"a pass needs a positive speedup, got {row.get(column)!r}"))
-        if not (row.get("n_shapes") or 0) > 0:
+        if not fraction_only and not (row.get("n_shapes") or 0) > 0:
             bad.append(("n_shapes", "a pass must have graded at least one shape"))
         pf = row.get("peak_fraction")
         if pf is not None and not _finite_positive(pf):

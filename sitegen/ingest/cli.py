@@ -102,15 +102,28 @@ def traces(source: str, bench: str, revision: str, hub_id: str | None, root_gpu:
 @click.option("--decks", "decks_dir", type=_DIR, default=Path("eval/decks"), show_default=True,
               help="Problem decks; runs of problems without a deck folder are not imported.")
 @click.option("--traces", "traces_dataset", metavar="OWNER/NAME",
-              help="Hub dataset holding the runs' traces, to link each run to its trace.")
-def kbh(path: Path, bench: str, data_dir: Path, decks_dir: Path, traces_dataset: str | None) -> None:
-    """Import a KernelBench-Hard installation's results (measured by that grader), to republish or regrade."""
+              help="Hub dataset holding the runs' traces, for runs the source's model index gives no trace link.")
+@click.option("--repo", default="Infatoshi/kernelbench.com", show_default=True,
+              help="GitHub repository PATH is a checkout of; source files are linked there.")
+@click.option("--revision", metavar="COMMIT",
+              help="Commit PATH is at (default: read from its git checkout).")
+def kbh(path: Path, bench: str, data_dir: Path, decks_dir: Path, traces_dataset: str | None, repo: str,
+        revision: str | None) -> None:
+    """Import KernelBench-Hard's published boards (kernelbench.com's repository, or an installation), labelled
+    as measured by that grader, with every run's kernel so that it can be regraded."""
+    from kernelboard.errors import DataError
+
     from .kbh import import_kbh
 
-    report = import_kbh(path, data_dir=data_dir, bench=bench, decks_dir=decks_dir if decks_dir.is_dir() else None,
-                        traces_dataset=traces_dataset)
+    try:
+        report = import_kbh(path, data_dir=data_dir, bench=bench, decks_dir=decks_dir if decks_dir.is_dir() else None,
+                            traces_dataset=traces_dataset, repo=repo, revision=revision)
+    except DataError as exc:
+        raise click.ClickException("\n".join(exc.problems)) from None
     for line in report.skipped:
         click.echo(f"skipped: {line}", err=True)
+    for line in report.warnings:
+        click.echo(f"warning: {line}", err=True)
     click.echo(report.summary())
 
 
