@@ -24,6 +24,16 @@ NO_DETAIL = "20260619_101010_codex_gpt-5.5_03_paged_attention"
 RATE = "20260620_111111_kimi-claude_kimi-k2.7-code_03_paged_attention"
 WRONG = "20260621_121212_claude_claude-opus-4-8_03_paged_attention"
 HACK = "20260622_131313_or-fable_qwen_qwen3.8-max_03_paged_attention"
+INCORRECT = "20260623_141414_cursor_composer-2.5-fast_03_paged_attention"
+SXM = "20260624_151515_or-fable_deepseek_deepseek-v4-flash-0731_03_paged_attention"
+OLDER = "20260617_090909_zai-claude_glm-5.2_03_paged_attention"
+LOST = "20260625_161616_claude_claude-fable-5_03_paged_attention"
+RULE = "# " + "=" * 66
+CU = "__global__ void decode() {}\n// ===== not a banner =====\n"
+PUBLISHED = ("import torch\nSRC = open('decode.cu').read()\n"
+             f"\n\n{RULE}\n# ===== sidecar: decode.cu ({len(CU)} bytes, loaded by solution.py) =====\n{RULE}\n\n{CU}")
+MISSING = (f"import torch\nSRC = open('moe.cpp').read()\n\n\n{RULE}\n# WARNING: solution loads sidecar 'moe.cpp' "
+           f"but it was not found in the run archive.\n{RULE}\n")
 LABELS = ["8×32×8×128×1024×16", "32×32×8×128×2048×16", "4×64×8×128×4096×16", "16×32×8×128×1535×16",
           "8×16×4×64×2000×16"]
 MS = [0.069, 0.217, 0.094, 0.118, 0.057]
@@ -48,6 +58,8 @@ def make_install(root: Path) -> Path:
          "results": {P: _cell(NO_DETAIL, True)}},
         {"label": "claude/claude-opus-4-8", "harness": "claude", "model": "claude-opus-4-8", "effort": "max",
          "results": {P: _cell(WRONG, False)}},
+        {"label": "cursor/composer-2.5-fast", "harness": "cursor", "model": "composer-2.5-fast", "effort": "",
+         "results": {P: _cell(INCORRECT, False)}},
         {"label": "or-fable/qwen/qwen3.8-max", "harness": "or-fable", "model": "qwen/qwen3.8-max", "effort": "",
          "results": {P: _cell(HACK, True, annotation_verdict="reward_hack", invalid_reason="reward_hack")}},
     ]
@@ -82,6 +94,20 @@ def make_install(root: Path) -> Path:
         "peak_fraction": 0.31, "verdict": "interesting", "summary": "Split-K decode with a CUDA-graph fast path.",
         "quotes": [{"file": "solution.py", "lines": [303, 314], "label": "graph replay", "text": "..."}],
         "measurement_status": "sequential_isolated"}))
+    detail = root / "public" / "data" / "rundetail" / "h100"
+    for run_id, reason, correct in ((INCORRECT, "incorrect", False), (SXM, "pass", True), (OLDER, "pass", True),
+                                    (LOST, "pass", True)):
+        _write(detail / f"{run_id}.json", {
+            "run_id": run_id, "bench": "hard", "gpu": "h100", "problem": P, "correct": correct,
+            "failure_reason": reason, "peak_fraction": 0.2 if correct else None, "shapes": [], "stats": {},
+            "harness": run_id.split("_")[2], "model": "x", "has_solution_text": True})
+    _write(root / "public" / "runs" / "h100" / f"{PASS}_solution.py.txt", PUBLISHED)
+    _write(root / "public" / "runs" / "h100" / f"{LOST}_solution.py.txt", MISSING)
+    _write(hard / "results" / "annotations" / f"{SXM}.yaml", yaml.safe_dump({
+        "run_id": SXM, "verdict": "clean", "gpu": "H100 SXM5", "board_eligible": False,
+        "measurement_status": "sequential_isolated_wrong_hardware_sku",
+        "notes": "Correct, but graded on an H100 SXM5 worker.", "quotes": [{"file": "solution.py", "lines": [0],
+                                                                            "text": "..."}]}))
     _write(root / "benchmarks" / "mega" / "results" / "leaderboard.json", {"models": [{"results": {
         "02_kimi_linear_decode": _cell("20260618_000000_codex_gpt-5.5_02_kimi_linear_decode", True)}}]})
     return root
@@ -104,12 +130,50 @@ def test_statuses_follow_kernelbench_hard_outcomes(imported) -> None:
     tmp, _ = imported
     rows = _rows(tmp / "data")
     assert {k: (v["status"], v["agent_outcome"]) for k, v in rows.items()} == {
-        PASS: ("pass", "completed"), NO_DETAIL: ("not_graded", "completed"),
-        RATE: ("dnf", "rate_limited"), WRONG: ("wrong", "completed"), HACK: ("not_graded", "completed")}
+        PASS: ("pass", "completed"), NO_DETAIL: ("pass", "completed"), RATE: ("dnf", "rate_limited"),
+        WRONG: ("wrong", "completed"), HACK: ("pass", "completed"), INCORRECT: ("wrong", "completed"),
+        SXM: ("pass", "completed"), OLDER: ("pass", "completed"), LOST: ("pass", "solution_unrecoverable")}
     assert all(v["measured_by"] == MEASURED_BY and v["grader_version"] == GRADER_VERSION for v in rows.values())
     assert {v["gpu"] for v in rows.values()} == {"h100-pcie"}
-    assert "cannot be derived" in rows[NO_DETAIL]["message"]
     assert rows[RATE]["source"] == "kbh:benchmarks/hard/outputs/runs-h100/" + RATE + "/result.json"
+    assert "incorrect" in rows[INCORRECT]["message"]  # an outcome the old importer dropped the run for
+
+
+def test_a_pass_without_derivable_speedup_keeps_its_verdict_and_score(imported) -> None:
+    tmp, report = imported
+    row = _rows(tmp / "data")[NO_DETAIL]
+    assert row["status"] == "pass" and row["speedup_vs_compile"] is None and row["peak_fraction"] == 0.3
+    assert "no speedup is shown: the run detail has no per-shape times" in row["message"]
+    assert report.without_speedup == 5  # NO_DETAIL, HACK and the three detail-only runs without shapes
+
+
+def test_runs_the_source_keeps_off_its_board_are_marked(imported) -> None:
+    tmp, report = imported
+    rows = _rows(tmp / "data")
+    assert "board_eligible: false" in rows[SXM]["off_board"] and "H100 SXM5" in rows[SXM]["off_board"]
+    assert "its leaderboard has no cell" in rows[OLDER]["off_board"]
+    assert all(rows[k]["off_board"] is None for k in (PASS, NO_DETAIL, WRONG, HACK, INCORRECT))
+    assert report.off_board == 4  # RATE, SXM, OLDER, LOST: none is a cell of the published board
+
+
+def test_published_kernels_split_back_into_solution_and_sidecars(imported) -> None:
+    tmp, report = imported
+    folder = tmp / "data" / "submissions" / "hard" / PASS
+    assert (folder / "solution.py").read_text() == "import torch\nSRC = open('decode.cu').read()\n"
+    assert (folder / "decode.cu").read_text() == CU  # exactly, a banner-like line inside it included
+    lost = load_submission(tmp / "data" / "submissions" / "hard" / LOST)
+    assert lost.meta["agent_outcome"] == "solution_unrecoverable" and "moe.cpp" in lost.meta["outcome_note"]
+    assert not (tmp / "data" / "submissions" / "hard" / LOST / "solution.py").exists()
+    assert report.unrecoverable == 1
+
+
+def test_split_published_refuses_a_sidecar_whose_size_disagrees() -> None:
+    from kernelboard.sitegen.ingest.kbh import split_published
+
+    files, why = split_published(PUBLISHED.replace(f"({len(CU)} bytes", f"({len(CU) + 1} bytes"))
+    assert files == {} and "characters where its banner says" in why
+    files, why = split_published(PUBLISHED.replace("decode.cu (", "../evil.cu ("))
+    assert files == {} and "not a safe file name" in why
 
 
 def test_a_pass_carries_speedups_derived_from_published_times(imported) -> None:
@@ -131,7 +195,7 @@ def test_run_folders_become_submissions_with_their_sidecars(imported) -> None:
     wrong = load_submission(subs / WRONG)
     assert sorted(p.name for p in wrong.files()) == ["decode.cu", "solution.py"]
     assert load_submission(subs / RATE).meta["agent_outcome"] == "rate_limited"
-    assert report.submissions == 2
+    assert report.submissions == 2  # WRONG's folder and PASS's published kernel (RATE has no kernel)
 
 
 def test_refused_and_malformed_files_are_reported(imported) -> None:
@@ -148,6 +212,9 @@ def test_annotations_are_imported_and_leaderboard_flags_kept(imported) -> None:
     kept = yaml.safe_load((notes / f"{PASS}.yaml").read_text())
     assert kept["verdict"] == "interesting" and kept["extra"]["measurement_status"] == "sequential_isolated"
     assert yaml.safe_load((notes / f"{HACK}.yaml").read_text())["verdict"] == "reward_hack"
+    sxm = yaml.safe_load((notes / f"{SXM}.yaml").read_text())  # no summary, lines [0]: read as the source writes
+    assert sxm["summary"].startswith("(notes) Correct") and "lines" not in sxm["quotes"][0]
+    assert sxm["extra"]["board_eligible"] is False
 
 
 def test_reimport_changes_nothing(imported) -> None:
@@ -173,7 +240,58 @@ def test_cli(tmp_path: Path) -> None:
     result = CliRunner().invoke(import_group, ["kbh", str(install), "--data", str(tmp_path / "data"),
                                                "--decks", str(DECKS)])
     assert result.exit_code == 0, result.output
-    assert "5 runs imported" in result.output
+    assert "9 runs imported" in result.output
+
+
+@pytest.mark.parametrize("case", ["garbage", "mega", "truncated", "unknown_board"])
+def test_bad_input_is_one_line_naming_the_file(tmp_path: Path, case: str) -> None:
+    root = tmp_path / "src"
+    args = ["kbh", str(root), "--data", str(tmp_path / "data"), "--decks", str(DECKS)]
+    if case == "garbage":
+        _write(root / "notes.txt", "not a results folder")
+    elif case == "mega":
+        make_install(root)
+        args += ["--bench", "mega"]
+    elif case == "truncated":
+        make_install(root)
+        _write(root / "benchmarks" / "hard" / "results" / "leaderboard.b200.json", '{"models": [{"results": ')
+    else:
+        make_install(root)
+        _write(root / "benchmarks" / "hard" / "results" / "leaderboard.tpu-v7.json", "{}")
+    result = CliRunner().invoke(import_group, args)
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    if case in ("garbage", "mega"):
+        assert result.exit_code != 0
+        line = result.output.strip().splitlines()[-1]
+        assert str(root) in line and ("no KernelBench-Hard" in line or "no 'mega' deck" in line)
+        assert not (tmp_path / "data" / "results").exists()  # nothing half-written
+    else:
+        assert result.exit_code == 0
+        name = "leaderboard.b200.json: line 1: not valid JSON" if case == "truncated" else \
+            "leaderboard.tpu-v7.json: unknown board 'tpu-v7'"
+        assert any(name in line for line in result.output.splitlines())
+
+
+def test_a_changed_source_updates_only_what_changed(imported) -> None:
+    tmp, _ = imported
+    results = tmp / "data" / "results" / "h100-pcie"
+    before = {p.name: p.read_bytes() for p in results.glob("*.parquet")}
+    subs = tmp / "data" / "submissions" / "hard"
+    kernel = (subs / WRONG / "solution.py").stat().st_mtime_ns
+    detail = tmp / "kbh" / "public" / "data" / "rundetail" / "h100" / f"{INCORRECT}.json"
+    data = json.loads(detail.read_text())
+    _write(detail, {**data, "failure_reason": "check_timeout"})
+    lb = tmp / "kbh" / "benchmarks" / "hard" / "results" / "leaderboard.h100.json"
+    board = json.loads(lb.read_text())
+    board["models"][3]["results"][P]["failure_reason"] = "check_timeout"
+    _write(lb, board)
+    import_kbh(tmp / "kbh", data_dir=tmp / "data", decks_dir=DECKS)
+    rows = _rows(tmp / "data")
+    assert rows[INCORRECT]["status"] == "timeout" and rows[WRONG]["status"] == "wrong"
+    after = {p.name: p.read_bytes() for p in results.glob("*.parquet")}
+    assert after["shapes.parquet"] == before["shapes.parquet"] and after["results.parquet"] != before["results.parquet"]
+    assert (subs / WRONG / "solution.py").stat().st_mtime_ns == kernel
 
 
 def test_real_kernelbench_com_samples(tmp_path: Path) -> None:
@@ -188,6 +306,7 @@ def test_real_kernelbench_com_samples(tmp_path: Path) -> None:
     assert glm["status"] == "pass" and glm["gpu"] == "h100-pcie" and glm["speedup_vs_compile"] > 0
     assert {r["gpu"] for r in rows.values()} == {"h100-pcie", "b200", "rtx-pro-6000"}
     flags = {p.stem: yaml.safe_load(p.read_text())["verdict"] for p in (tmp_path / "data" / "annotations").iterdir()}
-    assert flags["20260513_153015_zai-claude_glm-5.1_01_fp8_gemm"] == "reward_hack"
+    assert flags["20260702_055037_claude_claude-fable-5_01_fp8_gemm"] == "clean"
+    assert "20260513_153015_zai-claude_glm-5.1_01_fp8_gemm" not in flags  # names no run the samples publish
     site = build_site(tmp_path / "data", DECKS, tmp_path / "dist").out_dir
     assert "flag: reward_hack" in (site / "index.html").read_text()

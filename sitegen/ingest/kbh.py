@@ -33,7 +33,7 @@ from kernelboard.eval.roofline import geomean
 from kernelboard.eval.submission import RUN_ID_PATTERN, Submission
 
 from ._files import dump_yaml, sync_folder
-from .annotations import VERDICTS, write_annotation
+from .annotations import FLAG_VERDICTS, VERDICTS, write_annotation
 from .kbh_read import KbhInstall, KbhRun, read_install
 from .kbh_tables import write_rows
 from .naming import lab_of, model_slug, split_run_id
@@ -503,8 +503,11 @@ def _annotations(install: KbhInstall, folder: Path, prov: Provenance, imported: 
         except DataError as exc:
             report.skipped.append(f"{path}: {exc}")
     if orphans:
-        report.skipped.append(f"{orphans[0].parent}: {len(orphans)} annotations name runs that are not among the "
-                              f"imported runs (other problems or unpublished campaigns); not imported")
+        flagging = sum(1 for p in orphans if isinstance(install.annotations[p.stem][1], dict)
+                       and install.annotations[p.stem][1].get("verdict") in FLAG_VERDICTS)
+        report.skipped.append(f"{orphans[0].parent}: {len(orphans)} annotations ({flagging} flagging) name runs "
+                              "with no board cell and no run detail in the source (other problems, earlier "
+                              "campaigns): no graded run to attach them to; not imported")
     for run in install.runs.values():  # verdicts the leaderboard carries without an annotation file
         verdict = (run.cell or {}).get("annotation_verdict")
         if verdict in VERDICTS and verdict != "clean" and run.run_id not in seen and run.run_id in imported:
