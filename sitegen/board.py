@@ -2,11 +2,17 @@
 
 A **cell** is the best graded run of one model on one problem on one GPU; a **board** is every
 cell of one bench on one GPU. Which run is "best": a pass beats a failure, a failure beats a
-run that was not graded, and that beats a DNF; among passes the higher speedup over
-torch.compile wins; among the rest the most recently graded run (then the smaller run_id).
-A DNF cell therefore means that every run of that model on that problem was a DNF. A run whose
-audit annotation carries a flagging verdict (reward_hack, rubric_leak, contamination, …) is
-**flagged**: shown as "flag: <verdict>" with the auditor's summary, ranked and scored as a failure.
+run that was not graded, and that beats a DNF; among passes the higher value of the board's
+**metric** wins (a pass without it comes after those with it); among the rest the most recently
+graded run (then the smaller run_id). A DNF cell therefore means that every run of that model on
+that problem was a DNF. A run whose audit annotation carries a flagging verdict (reward_hack,
+rubric_leak, contamination, …) is **flagged**: shown as "flag: <verdict>" with the auditor's
+summary, ranked and scored as a failure.
+
+A board's metric is the speedup over torch.compile where kernelboard measured it, and the fraction
+of the roofline (`peak_fraction`) where every result is imported from KernelBench-Hard, which
+ranks its boards by that (`board_metric`). A result its source keeps off its board (`off_board`)
+takes no cell: it is listed on its run page, its problem page and its model page, with the reason.
 """
 
 from __future__ import annotations
@@ -19,16 +25,48 @@ from kernelboard.eval.schema import AGENT_OUTCOMES, STATUSES
 
 from .load import CPU_KEY, Annotation, Problem, Result, Run, SiteData
 
+
+@dataclass(frozen=True)
+class Metric:
+    """What a board ranks on: one headline number of a pass (a field of `Result`), higher is better."""
+
+    key: str  # "speedup" or "peak_fraction": the CSS class and the templates' switch
+    name: str  # in words, as the pages print it
+    field: str  # the Result attribute it reads
+
+    def of(self, result: Result) -> float | None:
+        """The result's value of this metric (None when it has none, e.g. an imported pass without
+        speedups on a speedup board)."""
+        value = getattr(result, self.field)
+        return value if result.is_pass else None
+
+
+#: Boards kernelboard measured rank on the speedup over torch.compile.
+SPEEDUP = Metric("speedup", "speedup over torch.compile", "speedup_vs_compile")
+#: Boards imported from KernelBench-Hard rank on the fraction of the roofline, as kernelbench.com does.
+PEAK_FRACTION = Metric("peak_fraction", "% of roofline", "peak_fraction")
+
+
+def board_metric(results: Iterable[Result]) -> Metric:
+    """PEAK_FRACTION when every result of a board is imported (`Result.is_imported`), else SPEEDUP: a board
+    is ranked the way the grader that measured it ranks it."""
+    results = list(results)
+    return PEAK_FRACTION if results and all(r.is_imported for r in results) else SPEEDUP
+
+
 #: The ordering rule, as the pages print it. `rank_rows` implements exactly this.
 ORDERING_RULE = (
     "Rows are ordered by score: the mean, over the problems on this board, of each cell's share of "
-    "the best — a pass scores its speedup over torch.compile divided by the best AI-model speedup on "
-    "that problem on this GPU (so the best scores 1); a failure, a pass an audit flagged (reward hack, "
-    "rubric leak, contamination), or a problem the model has no run on, scores 0; a DNF is left out of "
-    "the mean (it shrinks the denominator), because the infrastructure, "
-    "not the model, ended that run. Ties go to more passes, then to the name. House rows (the house "
-    "kernel and calibration rows, harness 'house') are reference points: shown, never ranked, and "
-    "never the best."
+    "the best — a pass scores its value of the board's metric divided by the best AI-model value on "
+    "that problem on this GPU (so the best scores 1). The metric is the speedup over torch.compile on "
+    "a board kernelboard measured, and the fraction of the roofline (% of the GPU's peak for the "
+    "problem's regime) on a board imported from KernelBench-Hard, which is how kernelbench.com ranks "
+    "its Hard boards. A failure, a pass an audit flagged (reward hack, rubric leak, contamination), a "
+    "pass without the board's metric, or a problem the model has no run on, scores 0; a DNF is left "
+    "out of the mean (it shrinks the denominator), because the infrastructure, not the model, ended "
+    "that run. A run its source keeps off its board takes no cell. Ties go to more passes, then to "
+    "the name. House rows (the house kernel and calibration rows, harness 'house') are reference "
+    "points: shown, never ranked, and never the best."
 )
 
 #: How each grading status is named on the pages.
@@ -47,7 +85,8 @@ STATUS_LABELS: dict[str, str] = {
 
 #: What each status means, for the legend.
 STATUS_HELP: dict[str, str] = {
-    "pass": "correct on every shape and seed; the number is the geomean speedup over torch.compile",
+    "pass": "correct on every shape and seed; the number is the geomean speedup over torch.compile "
+            "(on a board imported from KernelBench-Hard, the geomean % of roofline)",
     "wrong": "ran, but the answers do not match the reference",
     "build_error": "could not compile or import",
     "runtime_error": "crashed while running",
@@ -104,6 +143,19 @@ def reason_for(run: Run, result: Result) -> str:
     return result.message
 
 
+def no_speedup_reason(result: Result) -> str | None:
+    """Why a pass carries no speedup over torch.compile, in words (the importer's message), or None
+    when it has one or is not a pass. Only an imported pass can lack it (eval.tables' contract)."""
+    if not result.is_pass or result.speedup_vs_compile is not None:
+        return None
+    return result.message or "its grader published no baselines to derive a speedup from"
+
+
+def off_board_label(result: Result) -> str | None:
+    """'off board: <reason>' for a result its source keeps off its board, else None."""
+    return f"off board: {result.off_board}" if result.off_board else None
+
+
 def flag_of(annotation: Annotation | None) -> str | None:
     """'flag: <verdict>' when an audit verdict invalidates the run, else None."""
     return f"flag: {annotation.verdict}" if annotation is not None and annotation.flags else None
@@ -115,9 +167,20 @@ class Cell:
 
     run: Run
     result: Result
-    share: float | None  # pass: speedup / the board's best AI-model speedup on this problem
+    share: float | None  # pass: its metric value / the board's best AI-model value on this problem
     is_best: bool
     annotation: Annotation | None = None  # the run's audit verdict, if audited
+    metric: Metric = SPEEDUP  # what its board ranks on
+
+    @property
+    def value(self) -> float | None:
+        """The pass's value of the board's metric (None for anything else, or a pass without it)."""
+        return self.metric.of(self.result)
+
+    @property
+    def no_speedup(self) -> str | None:
+        """Why a pass shows no speedup (its grader published no baselines to derive one from), else None."""
+        return no_speedup_reason(self.result)
 
     @property
     def flag(self) -> str | None:
@@ -183,10 +246,17 @@ class Board:
     label: str
     problems: tuple[Problem, ...]
     rows: tuple[Row, ...]
+    metric: Metric = SPEEDUP
+    measured_by: tuple[str, ...] = ()  # the distinct `measured_by` of its results, sorted
 
     @property
     def is_cpu(self) -> bool:
         return self.gpu == CPU_KEY
+
+    @property
+    def is_imported(self) -> bool:
+        """Every result on it was measured by another grader and imported (ranked on its metric)."""
+        return self.metric is PEAK_FRACTION
 
 
 def gpu_label(data: SiteData, gpu: str) -> str:
@@ -199,33 +269,46 @@ def gpu_order(gpus: Iterable[str]) -> list[str]:
     return sorted(set(gpus), key=lambda g: (g == CPU_KEY, g))
 
 
-def _preference(run: Run, result: Result, flagged: bool = False) -> tuple:
-    """Sort key: the smallest is the run a cell shows (see the module docstring)."""
+def _preference(run: Run, result: Result, flagged: bool = False, metric: Metric = SPEEDUP) -> tuple:
+    """Sort key: the smallest is the run a cell shows (see the module docstring). A pass is tier 0
+    whatever it carries, so a pass without the board's metric still beats any failure; among passes,
+    those with the metric come first, highest value first."""
     tier = 1 if flagged else {"pass": 0, "not_graded": 2, "dnf": 3}.get(result.status, 1)
-    speed = -(result.speedup_vs_compile or 0.0)
-    return (tier, speed, -result.graded_at.timestamp(), run.run_id)
+    value = metric.of(result)
+    return (tier, value is None, -(value or 0.0), -result.graded_at.timestamp(), run.run_id)
 
 
-def build_boards(data: SiteData) -> tuple[Board, ...]:
-    """One board per (GPU, bench) that has results, GPUs in `gpu_order`, benches sorted."""
+def metrics_by_board(data: SiteData) -> dict[tuple[str, str], Metric]:
+    """(GPU, bench) -> the metric its board ranks on (`board_metric` of every result there)."""
     graded: dict[tuple[str, str], list[Result]] = defaultdict(list)
     for result in data.results:
         graded[(result.gpu, data.runs[result.run_id].bench)].append(result)
+    return {key: board_metric(results) for key, results in graded.items()}
+
+
+def build_boards(data: SiteData) -> tuple[Board, ...]:
+    """One board per (GPU, bench) that has results on the board (not `off_board`), GPUs in `gpu_order`,
+    benches sorted."""
+    graded: dict[tuple[str, str], list[Result]] = defaultdict(list)
+    metrics = metrics_by_board(data)
+    for result in data.results:
+        if not result.off_board:
+            graded[(result.gpu, data.runs[result.run_id].bench)].append(result)
     order = gpu_order(g for g, _ in graded)
     boards = []
     for gpu, bench in sorted(graded, key=lambda k: (order.index(k[0]), k[1])):
-        boards.append(_board(data, gpu, bench, graded[(gpu, bench)]))
+        boards.append(_board(data, gpu, bench, graded[(gpu, bench)], metrics[(gpu, bench)]))
     return tuple(boards)
 
 
-def _board(data: SiteData, gpu: str, bench: str, results: list[Result]) -> Board:
+def _board(data: SiteData, gpu: str, bench: str, results: list[Result], metric: Metric) -> Board:
     names = sorted({data.runs[r.run_id].problem for r in results})
     problems = tuple(data.problems[(bench, n)] for n in names)
     notes = data.annotations
     picked: dict[tuple[str, str], tuple[Run, Result]] = {}
 
     def rank(run: Run, result: Result) -> tuple:
-        return _preference(run, result, flag_of(notes.get(run.run_id)) is not None)
+        return _preference(run, result, flag_of(notes.get(run.run_id)) is not None, metric)
 
     for result in results:
         run = data.runs[result.run_id]
@@ -234,8 +317,9 @@ def _board(data: SiteData, gpu: str, bench: str, results: list[Result]) -> Board
             picked[key] = (run, result)
     valid = {key: res.is_pass and not flag_of(notes.get(run.run_id)) for key, (run, res) in picked.items()}
     best = {
-        name: max((res.speedup_vs_compile for (m, p), (run, res) in picked.items()  # type: ignore[misc]
-                   if p == name and valid[(m, p)] and not run.is_house), default=None)
+        name: max((v for (m, p), (run, res) in picked.items()
+                   if p == name and valid[(m, p)] and not run.is_house and (v := metric.of(res)) is not None),
+                  default=None)
         for name in names
     }
     rows = []
@@ -248,10 +332,13 @@ def _board(data: SiteData, gpu: str, bench: str, results: list[Result]) -> Board
                 continue
             run, res = picked[(model, name)]
             ok = valid[(model, name)]
-            share = res.speedup_vs_compile / best[name] if ok and best[name] else None
-            cells.append(Cell(run, res, share, ok and not run.is_house and share == 1.0, notes.get(run.run_id)))
+            value = metric.of(res)
+            share = value / best[name] if ok and best[name] and value is not None else None
+            cells.append(Cell(run, res, share, ok and not run.is_house and share == 1.0, notes.get(run.run_id),
+                              metric))
         rows.append(_row(model, runs, tuple(cells)))
-    return Board(bench, gpu, gpu_label(data, gpu), problems, rank_rows(rows))
+    return Board(bench, gpu, gpu_label(data, gpu), problems, rank_rows(rows), metric,
+                 tuple(sorted({r.measured_by for r in results})))
 
 
 def score(cells: Iterable[Cell | None]) -> tuple[float | None, int, int]:
@@ -306,6 +393,16 @@ class Entry:
     annotation: Annotation | None = None
 
     @property
+    def off_board(self) -> str | None:
+        """'off board: <reason>' when its source keeps this run off its board (it takes no cell), else None."""
+        return off_board_label(self.result)
+
+    @property
+    def no_speedup(self) -> str | None:
+        """Why a pass shows no speedup (see `no_speedup_reason`), else None."""
+        return no_speedup_reason(self.result)
+
+    @property
     def tone(self) -> str:
         return "bad" if flag_of(self.annotation) else STATUS_TONES[self.result.status]
 
@@ -318,8 +415,12 @@ class Entry:
         return flag_of(self.annotation) or STATUS_LABELS[self.result.status]
 
 
-def problem_entries(data: SiteData, bench: str, problem: str) -> dict[str, tuple[Entry, ...]]:
-    """Per GPU (in `gpu_order`), every graded run of a problem: passes by speedup, then the rest."""
+def problem_entries(data: SiteData, bench: str, problem: str,
+                    metrics: dict[tuple[str, str], Metric] | None = None) -> dict[str, tuple[Entry, ...]]:
+    """Per GPU (in `gpu_order`), every graded run of a problem in cell order: the runs on the board first
+    (passes by the board's metric, then the rest, as `_preference` orders them), then those kept off it.
+    `metrics`: `metrics_by_board(data)`, when the caller has it already."""
+    metrics = metrics_by_board(data) if metrics is None else metrics
     by_gpu: dict[str, list[tuple[Run, Result]]] = defaultdict(list)
     for result in data.results:
         run = data.runs[result.run_id]
@@ -328,7 +429,9 @@ def problem_entries(data: SiteData, bench: str, problem: str) -> dict[str, tuple
     out = {}
     for gpu in gpu_order(by_gpu):
         notes = data.annotations
-        pairs = sorted(by_gpu[gpu], key=lambda p: _preference(*p, flag_of(notes.get(p[0].run_id)) is not None))
+        metric = metrics[(gpu, bench)]
+        pairs = sorted(by_gpu[gpu], key=lambda p: (bool(p[1].off_board), *_preference(
+            *p, flag_of(notes.get(p[0].run_id)) is not None, metric)))
         seen: dict[str, int] = defaultdict(int)
         numbered = {}
         for run, _ in sorted(by_gpu[gpu], key=lambda p: p[0].run_id):
@@ -350,8 +453,9 @@ class ModelBest:
 
 def best_per_model(entries: Iterable[Entry]) -> tuple[ModelBest, ...]:
     """The first entry of each model in `entries` (in `problem_entries` order, so the best by the cell
-    rule), labelled with the model's display name (plus its key where two models share a name)."""
-    entries = list(entries)
+    rule), labelled with the model's display name (plus its key where two models share a name). Entries
+    kept off the board are left out: they never stand for a model's best."""
+    entries = [e for e in entries if not e.result.off_board]
     counts: dict[str, int] = defaultdict(int)
     firsts: dict[str, Entry] = {}
     for e in entries:

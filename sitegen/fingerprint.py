@@ -1,7 +1,8 @@
 """A fingerprint of every input a site build reads, so that a build with nothing changed is skipped.
 
 The fingerprint hashes the *contents* (never mtimes) of: every file under `DATA/results` (tables and
-logs) and `DATA/annotations`, every `DATA/submissions/**/solution.py`, every file under the decks
+logs) and `DATA/annotations`, every file of `DATA/submissions` but run.yaml (solution.py and its
+sidecars), every file under the decks
 folder, `templates/`, `static/`, `docs/methodology.md` and the site generator's own source, plus the
 kernelboard version, the versions of the packages whose output lands in the pages (plotly.js, Pygments,
 Jinja2, markdown-it, pyarrow), the `--base-url` option and `SOURCE_DATE_EPOCH`. It is written into the
@@ -32,9 +33,9 @@ PREFIX = "fingerprint: "
 __all__ = ["PREFIX", "fingerprint", "recorded"]
 
 
-def _files(root: Path, only: str | None = None) -> list[tuple[str, Path]]:
-    """(name relative to `root`, path) of every file under `root` (or `root` itself), sorted; `only`
-    keeps files of that name. os.walk (scandir) rather than Path.rglob: several times faster on
+def _files(root: Path, skip: str | None = None) -> list[tuple[str, Path]]:
+    """(name relative to `root`, path) of every file under `root` (or `root` itself), sorted; `skip`
+    leaves out files of that name. os.walk (scandir) rather than Path.rglob: several times faster on
     ten thousand submission folders."""
     if root.is_file():
         return [(root.name, root)]
@@ -43,7 +44,7 @@ def _files(root: Path, only: str | None = None) -> list[tuple[str, Path]]:
         dirs[:] = [d for d in dirs if d != "__pycache__"]
         rel = os.path.relpath(folder, root)
         for name in names:
-            if only is None or name == only:
+            if name != skip:
                 out.append((name if rel == "." else f"{rel}/{name}".replace(os.sep, "/"), Path(folder, name)))
     return sorted(out)
 
@@ -65,10 +66,10 @@ def fingerprint(data_dir: Path, decks_dir: Path, base_url: str | None) -> str:
               *(f"{p} {_version(p)}" for p in _PACKAGES)]
     digest.update("\n".join(header).encode())
     roots = [("results", data_dir / "results", None), ("annotations", data_dir / "annotations", None),
-             ("submissions", data_dir / "submissions", "solution.py"), ("decks", decks_dir, None),
+             ("submissions", data_dir / "submissions", "run.yaml"), ("decks", decks_dir, None),
              *((f"source:{p.name}", p, None) for p in SOURCE_INPUTS)]
-    for group, root, only in roots:
-        for name, path in _files(root, only):
+    for group, root, skip in roots:
+        for name, path in _files(root, skip):
             with open(path, "rb") as f:
                 content = f.read()
             digest.update(f"\0{group}\0{name}\0{len(content)}\0".encode())

@@ -13,7 +13,9 @@ from markupsafe import Markup
 from pygments import __version__ as PYGMENTS_VERSION
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
-from pygments.lexers import PythonLexer
+from pygments.lexer import Lexer
+from pygments.lexers import PythonLexer, TextLexer, get_lexer_for_filename
+from pygments.util import ClassNotFound
 
 #: Pygments settings; `pygments_css()` emits the matching stylesheet once into static/. The HTML carries
 #: only token classes (.k, .s2, …) and does not depend on the style, so one page serves both themes:
@@ -63,13 +65,17 @@ class HighlightCache:
         self.hits = self.misses = 0
         self._memory: dict[str, Markup] = {}
 
-    def _key(self, source: str) -> str:
-        digest = hashlib.sha256(f"{PYGMENTS_VERSION}\0{_FORMATTER_KEY}\0".encode())
+    def _key(self, source: str, lexer: str = "python") -> str:
+        head = f"{PYGMENTS_VERSION}\0{_FORMATTER_KEY}\0" + ("" if lexer == "python" else f"{lexer}\0")
+        digest = hashlib.sha256(head.encode())
         digest.update(source.encode("utf-8", "surrogatepass"))
         return digest.hexdigest()
 
-    def html(self, source: str) -> Markup:
-        key = self._key(source)
+    def html(self, source: str, filename: str | None = None) -> Markup:
+        """`source` highlighted as Python, or (with `filename`) in the language its name says (a .cu as
+        CUDA, a .h as C), plain text where Pygments knows none."""
+        lexer = PythonLexer() if filename is None else _lexer_for(filename)
+        key = self._key(source, "python" if filename is None else lexer.name)
         self.used.add(key)
         if key in self._memory:
             self.hits += 1
@@ -84,7 +90,7 @@ class HighlightCache:
                 pass
         if html is None:
             self.misses += 1
-            html = Markup(highlight(source, PythonLexer(), _FORMATTER))
+            html = Markup(highlight(source, lexer, _FORMATTER))
             if path is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -119,3 +125,15 @@ def highlight_cache(cache: HighlightCache) -> HighlightCache:
 
 def highlight_python(source: str) -> Markup:
     return _HIGHLIGHT.html(source)
+
+
+def highlight_file(filename: str, source: str) -> Markup:
+    """A submission's sidecar file (a .cu, .cpp, .h …) highlighted by its name's language."""
+    return _HIGHLIGHT.html(source, filename)
+
+
+def _lexer_for(filename: str) -> Lexer:
+    try:
+        return get_lexer_for_filename(filename)
+    except ClassNotFound:
+        return TextLexer()

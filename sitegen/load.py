@@ -40,6 +40,9 @@ HOUSE_MODEL = "kernelboard-house"
 #: calibration rows (the reference submitted as a solution, a deliberately wrong kernel).
 HOUSE_HARNESS = "house"
 
+#: A sidecar file larger than this is listed on its run page but not shown (a generated header, a blob).
+SIDECAR_MAX_BYTES = 256 * 1024
+
 #: Relative tolerance between a pass's headline speedup and the geomean of its shape rows.
 _GEOMEAN_RTOL = 1e-6
 
@@ -60,6 +63,7 @@ __all__ = [
     "Result",
     "Run",
     "ShapeResult",
+    "SidecarFile",
     "SiteData",
     "load_site",
 ]
@@ -226,6 +230,17 @@ class Hardware:
 
 
 @dataclass(frozen=True)
+class SidecarFile:
+    """A file of a submission folder besides solution.py and run.yaml (a .cu, .cpp or .h that solution.py
+    loads): its path in the folder, its size, and its text when it is shown."""
+
+    name: str  # relative to the submission folder, '/'-separated
+    size: int  # bytes
+    text: str | None  # None when too large (SIDECAR_MAX_BYTES) or not UTF-8 text
+    why: str | None  # why the text is not shown
+
+
+@dataclass(frozen=True)
 class SiteData:
     """Everything a build reads, validated and joined. Collections are sorted by their keys."""
 
@@ -238,6 +253,8 @@ class SiteData:
     table_files: dict[str, Path]  # "data/results/<gpu>/<table>.parquet" -> the file, offered for download
     #: run_id -> audit verdict, from DATA/annotations (only runs that are in the tables)
     annotations: dict[str, Annotation] = dataclasses.field(default_factory=dict)
+    #: run_id -> the other files of its submission folder, by name (only runs with a solution.py)
+    sidecars: dict[str, tuple[SidecarFile, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def last_updated(self) -> datetime | None:
@@ -290,7 +307,8 @@ def load_site(data_dir: Path, decks_dir: Path) -> SiteData:
         baselines=baselines,
         hardware=hardware,
         problems=_load_decks(decks_dir, runs),
-        solutions=_read_solutions(data_dir / "submissions", runs),
+        solutions=(solutions := _read_solutions(data_dir / "submissions", runs)),
+        sidecars=_read_sidecars(data_dir / "submissions", runs, solutions),
         table_files={**{f"data/results/{p.parent.name}/{p.name}": p
                         for p in sorted(results_dir.glob("*/*.parquet")) if p.stem in TABLES},
                      **_log_files(results_dir, results)},
@@ -389,4 +407,33 @@ def _read_solutions(submissions_dir: Path, runs: dict[str, Run]) -> dict[str, st
                 bad.append(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})")
     if bad:
         raise DataError(bad)
+    return out
+
+
+def _read_sidecars(submissions_dir: Path, runs: dict[str, Run],
+                   solutions: dict[str, str]) -> dict[str, tuple[SidecarFile, ...]]:
+    """Every other file of each submission folder that has a solution.py (what the grader hashes with it:
+    all but run.yaml and __pycache__), by name. A file over SIDECAR_MAX_BYTES, or not UTF-8 text, is
+    listed with its size and why it is not shown, never dropped."""
+    out = {}
+    for run_id in solutions:
+        folder = submissions_dir / runs[run_id].bench / run_id
+        files = []
+        for path in sorted(folder.rglob("*")):
+            rel = path.relative_to(folder).as_posix()
+            if (not path.is_file() or path.is_symlink() or rel in ("solution.py", "run.yaml")
+                    or "__pycache__" in path.parts):
+                continue
+            size = path.stat().st_size
+            text, why = None, None
+            if size > SIDECAR_MAX_BYTES:
+                why = f"{size:,} bytes, over the {SIDECAR_MAX_BYTES // 1024} KB shown on a page"
+            else:
+                try:
+                    text = path.read_text(encoding="utf-8")
+                except UnicodeDecodeError:
+                    why = "not UTF-8 text"
+            files.append(SidecarFile(rel, size, text, why))
+        if files:
+            out[run_id] = tuple(files)
     return out

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from markdown_it import MarkdownIt
 from markupsafe import Markup
@@ -23,31 +24,48 @@ from . import charts
 from .board import (
     ORDERING_RULE,
     OUTCOME_LABELS,
+    PEAK_FRACTION,
+    SPEEDUP,
     STATUS_HELP,
     STATUS_LABELS,
     STATUS_TONES,
     Board,
+    Metric,
     best_per_model,
     build_boards,
     gpu_label,
+    metrics_by_board,
+    no_speedup_reason,
+    off_board_label,
     problem_entries,
     reason_for,
 )
 from .format import model_slug, num, pct, speedup
-from .highlight import highlight_python
+from .highlight import highlight_file, highlight_python
 from .load import CPU_KEY, Hardware, Problem, Result, SiteData
+
+#: A heading's explicit anchor in Markdown prose: "## Imported boards {#imported}" gets id="imported".
+_ANCHOR = re.compile(r"\s*\{#([a-z][a-z0-9-]*)\}\s*$")
 
 
 @lru_cache(maxsize=256)
 def _markdown(text: str) -> Markup:
     """CommonMark plus tables, raw HTML off, headings moved one level down (the page owns h1), table
-    headers scoped.
+    headers scoped; a heading ending in `{#name}` gets that id (so a page can link to it), the
+    suffix removed from its text.
     Cached per text: the same README or prose renders once per process."""
     md = MarkdownIt("commonmark", {"html": False}).enable("table")
     tokens = md.parse(text)
-    for token in tokens:
+    for i, token in enumerate(tokens):
         if token.type in ("heading_open", "heading_close"):
             token.tag = f"h{min(int(token.tag[1]) + 1, 6)}"
+            inline = tokens[i + 1] if token.type == "heading_open" else None
+            anchor = _ANCHOR.search(inline.content) if inline is not None else None
+            if anchor and inline is not None and inline.children:
+                token.attrSet("id", anchor.group(1))
+                inline.content = inline.content[:anchor.start()]
+                last = inline.children[-1]
+                last.content = _ANCHOR.sub("", last.content)
         elif token.type == "th_open":  # Markdown tables only have column headers: say so to screen readers
             token.attrSet("scope", "col")
     return Markup(md.renderer.render(tokens, md.options, {}))
@@ -56,6 +74,65 @@ def _markdown(text: str) -> Markup:
 def _safe_href(url: str | None) -> str | None:
     """An external link only when it is http(s); anything else is shown as text, not linked."""
     return url if url and urlsplit(url).scheme in ("http", "https") else None
+
+
+#: runs.source of an imported run: every file of a GitHub repository (at one commit) the row was read from,
+#: "github:OWNER/NAME@COMMIT:path[;path…]".
+_GITHUB_SOURCE = re.compile(r"^github:(?P<repo>[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*)"
+                            r"@(?P<commit>[0-9a-fA-F]{7,40}):(?P<paths>.+)$")
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One file a run's row was read from, and its address on GitHub at that commit."""
+
+    path: str
+    href: str
+
+
+@dataclass(frozen=True)
+class SourceFiles:
+    """A parsed `github:OWNER/NAME@COMMIT:path;path` source."""
+
+    repo: str
+    commit: str
+    files: tuple[SourceFile, ...]
+
+    @property
+    def repo_href(self) -> str:
+        return f"https://github.com/{self.repo}/tree/{self.commit}"
+
+
+def source_files(source: str) -> SourceFiles | None:
+    """The files of a `github:OWNER/NAME@COMMIT:path[;path…]` source with their blob links
+    (https://github.com/OWNER/NAME/blob/COMMIT/path), or None for any other source (shown as text).
+    A path that climbs out of the repository ('..') or is absolute makes the whole source text."""
+    match = _GITHUB_SOURCE.match(source.strip())
+    if match is None:
+        return None
+    paths = [p.strip() for p in match["paths"].split(";") if p.strip()]
+    if not paths or any(p.startswith("/") or ".." in p.split("/") for p in paths):
+        return None
+    repo, commit = match["repo"], match["commit"]
+    return SourceFiles(repo, commit, tuple(
+        SourceFile(p, f"https://github.com/{repo}/blob/{commit}/{quote(p, safe='/')}") for p in paths))
+
+
+@dataclass(frozen=True)
+class MeasuredBy:
+    """Who measured a board (or a run) and what it ranks on: the pages' "measured by" line."""
+
+    imported: bool  # another grader measured it (KernelBench-Hard), an importer read it
+    names: tuple[str, ...]  # the distinct `measured_by` values
+    metric: Metric
+
+    @classmethod
+    def of_board(cls, board: Board) -> MeasuredBy:
+        return cls(board.is_imported, board.measured_by, board.metric)
+
+    @classmethod
+    def of_results(cls, results: list[Result], metric: Metric) -> MeasuredBy:
+        return cls(metric is PEAK_FRACTION, tuple(sorted({r.measured_by for r in results})), metric)
 
 
 def peak_text(problem: Problem, hardware: Hardware | None) -> str:
@@ -82,6 +159,10 @@ class GpuTab:
     hardware: Hardware | None
     board: Board  # cut to its top HOME_MODEL_ROWS model rows (plus its house rows)
     hidden: int  # model rows left off (they are on the GPU page)
+
+    @property
+    def measured(self) -> MeasuredBy:
+        return MeasuredBy.of_board(self.board)
 
     @property
     def id(self) -> str:
@@ -116,15 +197,16 @@ def _top(board: Board) -> tuple[Board, int]:
 
 
 def bench_sections(data: SiteData) -> list[BenchSection]:
-    """A section per bench that has graded results, each with its GPU tabs in `gpu_order`
+    """A section per bench that has graded results, each with its GPU tabs: the boards kernelboard measured
+    first (the first tab is the one shown), then the imported ones, each group in `gpu_order`
     (build_boards already yields boards in that order)."""
     boards = build_boards(data)
     benches = sorted({b.bench for b in boards},
                      key=lambda b: (BENCH_ORDER.index(b) if b in BENCH_ORDER else len(BENCH_ORDER), b))
     sections = []
     for bench in benches:
-        tabs = tuple(GpuTab(bench, b.gpu, b.label, b.is_cpu, data.hardware.get(b.gpu), *_top(b))
-                     for b in boards if b.bench == bench)
+        ours = sorted((b for b in boards if b.bench == bench), key=lambda b: b.is_imported)  # stable
+        tabs = tuple(GpuTab(bench, b.gpu, b.label, b.is_cpu, data.hardware.get(b.gpu), *_top(b)) for b in ours)
         sections.append(BenchSection(bench, bench.title(), tabs))
     return sections
 
@@ -175,7 +257,7 @@ SHAPE_CHART_PASSES = 10
 
 def _shape_chart(gpu: str, gpu_label: str, passes: list[Any]) -> Markup | None:
     """The per-shape speedups of the fastest passes on one GPU (only when a problem has several shapes);
-    `passes` come fastest first (board.problem_entries)."""
+    `passes` come best first (board.problem_entries) and all carry a speedup."""
     models = [e for e in passes if not e.run.is_house][:SHAPE_CHART_PASSES]
     passes = [e for e in passes if e.run.is_house or e in models]
     shape_labels: dict[int, str] = {}
@@ -195,33 +277,45 @@ def problem(data: SiteData, bench: str, name: str) -> dict[str, Any]:
     prob = data.problems[(bench, name)]
     readme = prob.folder / "README.md"
     gpus = []
-    for gpu, every in problem_entries(data, bench, name).items():
+    metrics = metrics_by_board(data)
+    for gpu, every in problem_entries(data, bench, name, metrics).items():
         label = gpu_label(data, gpu)
         hardware = data.hardware.get(gpu)
-        # One row and one bar per model: its best run, the one its board cell shows. At thousands of
-        # runs a row per run made megabyte pages and unreadable charts; the rest are on the model pages.
+        metric = metrics[(gpu, bench)]
+        # One row and one bar per model: its best run on the board, the one its board cell shows. At
+        # thousands of runs a row per run made megabyte pages and unreadable charts; the rest are on the
+        # model pages. Runs kept off the board never stand for a model: they are listed on their own.
         best = best_per_model(every)
         entries = [b.entry for b in best]
         passes = [e for e in entries if e.result.is_pass]
+        # An imported pass may carry no speedup (its grader published no baselines): no speedup bar for it.
+        fast = [e for e in passes if e.result.speedup_vs_compile is not None]
+        fast.sort(key=lambda e: -e.result.speedup_vs_compile)  # type: ignore[operator]
         # CPU timings have no datasheet peak to be a fraction of: no roofline chart for them.
         roof = [e for e in passes if e.result.peak_fraction is not None and gpu != CPU_KEY]
+        roof.sort(key=lambda e: -e.result.peak_fraction)  # type: ignore[operator]
         variants, baseline_rows = _baseline_rows(data, bench, name, gpu)
         gpus.append({
             "gpu": gpu,
             "label": label,
             "is_cpu": gpu == CPU_KEY,
+            "measured": MeasuredBy.of_results([e.result for e in every], metric),
             "entries": entries,
+            "passes": passes,
+            "fast": fast,
+            "roof": roof,
             "rows": [{"entry": b.entry, "runs": b.runs, "slug": model_slug(b.entry.run.model)} for b in best],
+            "off_board": [e for e in every if e.result.off_board],
             "n_runs": len(every),
             "peak_text": peak_text(prob, hardware),
             "variants": variants,
             "baseline_rows": baseline_rows,
             "speedup_chart": charts.speedup_chart(
-                f"chart-speedup-{gpu}", [e.label for e in passes],
-                [e.result.speedup_vs_compile for e in passes],  # type: ignore[misc]
-                [e.run.is_house for e in passes], label,
-                [(e.label, e.status_label, e.reason) for e in entries if not e.result.is_pass]) if passes else None,
-            "shape_chart": _shape_chart(gpu, label, passes),
+                f"chart-speedup-{gpu}", [e.label for e in fast],
+                [e.result.speedup_vs_compile for e in fast],  # type: ignore[misc]
+                [e.run.is_house for e in fast], label,
+                [(e.label, e.status_label, e.reason) for e in entries if not e.result.is_pass]) if fast else None,
+            "shape_chart": _shape_chart(gpu, label, fast),
             "roofline_chart": charts.roofline_chart(
                 f"chart-roofline-{gpu}", [e.label for e in roof],
                 [e.result.peak_fraction for e in roof],  # type: ignore[misc]
@@ -278,10 +372,27 @@ def _params(shape_json: str) -> str:
     return ", ".join(f"{k}={v}" for k, v in params.items())
 
 
+@dataclass(frozen=True)
+class Sidecar:
+    """A file of the submission folder beside solution.py (a .cu, a header) as the run page shows it."""
+
+    name: str
+    size: int
+    html: Markup | None  # highlighted; None when it is not shown
+    why: str | None  # why it is not shown (too large, not UTF-8 text)
+
+
+def _sidecars(data: SiteData, run_id: str) -> tuple[Sidecar, ...]:
+    return tuple(Sidecar(f.name, f.size, highlight_file(f.name, f.text) if f.text is not None else None, f.why)
+                 for f in data.sidecars.get(run_id, ()))
+
+
 def run(data: SiteData, result: Result) -> dict[str, Any]:
     the_run = data.runs[result.run_id]
     prob = data.problems[(the_run.bench, the_run.problem)]
     source = data.solutions.get(result.run_id)
+    # An imported run is shown the way its grader ranks it, by its fraction of the roofline.
+    metric = PEAK_FRACTION if result.is_imported else SPEEDUP
     return {
         "title": f"{prob.display_name} · {the_run.model_display}",
         "run": the_run,
@@ -300,7 +411,13 @@ def run(data: SiteData, result: Result) -> dict[str, Any]:
         "shape_params": {s.shape_idx: _params(s.shape_json) for s in result.shapes},
         "peak_text": peak_text(prob, data.hardware.get(result.gpu)),
         "source_html": highlight_python(source) if source is not None else None,
+        "sidecars": _sidecars(data, result.run_id),
+        "measured": MeasuredBy.of_results([result], metric),
+        "no_speedup": no_speedup_reason(result),
+        "off_board": off_board_label(result),
+        "source_files": source_files(the_run.source),
         "trace_href": _safe_href(the_run.trace_url),
+        "trace_host": urlsplit(the_run.trace_url).hostname if _safe_href(the_run.trace_url) else None,
         "solution_href": "solution.py" if source is not None else None,
         "annotation": data.annotations.get(result.run_id),
         "log_href": f"data/results/{result.log_path}" if f"data/results/{result.log_path}" in data.table_files

@@ -29,7 +29,8 @@ from .load import CPU_KEY, Run, SiteData
 #: What the page says about how x is measured; the template prints it once.
 SPEND_RULE = (
     "Each point is one model on one board. Its height is the model's deck score — the same number the "
-    "leaderboard prints (mean share of the best speedup; a failure scores 0; a DNF is left out). Its x is "
+    "leaderboard prints (mean share of the best on the board's metric: speedup over torch.compile, or % of "
+    "roofline on a board imported from KernelBench-Hard; a failure scores 0; a DNF is left out). Its x is "
     "what the runs behind that score spent: summed over the board's cells of that model (one run per "
     "problem, the run the board shows), leaving out DNF cells as the score does. The x axis is "
     "logarithmic. The line is the Pareto frontier: the models no other model beats on both counts "

@@ -26,6 +26,7 @@ from .board import (
 )
 from .format import model_slug
 from .load import CPU_KEY, Problem, Result, Run, SiteData
+from .views import MeasuredBy
 
 # ------------------------------------------------------------------------------------- GPU pages
 
@@ -49,6 +50,10 @@ class BoardLine:
 class GpuBoard:
     board: Board
     lines: tuple[BoardLine, ...]
+
+    @property
+    def measured(self) -> MeasuredBy:
+        return MeasuredBy.of_board(self.board)
 
 
 def _total(values: list[Any]) -> Any:
@@ -101,7 +106,7 @@ class ModelPages:
 
     def _line(self, board: Board, row: Row) -> BoardLine:
         graded = [(self.data.runs[r.run_id], r) for r in self.data.results
-                  if r.gpu == board.gpu and self.data.runs[r.run_id].model == row.model
+                  if r.gpu == board.gpu and not r.off_board and self.data.runs[r.run_id].model == row.model
                   and self.data.runs[r.run_id].bench == board.bench]
         passes = [c for c in row.cells if c is not None and c.state == "pass"]
         speedups = [c.result.speedup_vs_compile for c in passes if c.result.speedup_vs_compile is not None]
@@ -168,6 +173,7 @@ class ModelPages:
             ranked = sum(1 for r in board.rows if r.rank is not None)
             sections.append({
                 "board": board,
+                "measured": MeasuredBy.of_board(board),
                 "row": row,
                 "ranked": ranked,
                 "cards": list(zip(board.problems, row.cells, strict=True)),
@@ -221,9 +227,10 @@ class ModelPages:
             line = [cells[key].get(g) for g in gpus]
             best = max((c.result.speedup_vs_compile or 0.0 for c in line if c is not None and c.state == "pass"),
                        default=0.0)
+            # a pass without a speedup (an imported one whose source published no baselines) gets no bar
             rows.append((problems[key], [
-                (c, (c.result.speedup_vs_compile or 0.0) / best if c is not None and c.state == "pass" and best
-                 else None) for c in line]))
+                (c, c.result.speedup_vs_compile / best if c is not None and c.state == "pass" and best
+                 and c.result.speedup_vs_compile is not None else None) for c in line]))
         return {
             "gpus": [(g, gpu_label(self.data, g)) for g in gpus],
             "rows": rows,
