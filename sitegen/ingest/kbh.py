@@ -138,6 +138,9 @@ def import_kbh(root: Path, *, data_dir: Path, bench: str = "hard", decks_dir: Pa
                          "results/leaderboard*.json, rundetail/ or outputs/runs*/result.json"])
     prov = Provenance(root, repo, revision or git_revision(root))
     report = KbhReport(skipped=list(install.skipped))
+    if install.other_benches:
+        report.skipped.append(f"{root}: results of other benches ({', '.join(sorted(install.other_benches))}) are "
+                              f"not read by --bench {bench}; each needs its own deck in kernelboard first")
     if prov.revision is None:
         report.warnings.append(f"{root}: not a git checkout and no --revision given: sources are recorded "
                                "without the commit they were read at")
