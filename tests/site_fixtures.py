@@ -190,6 +190,98 @@ def scale_site_inputs(inputs: SiteInputs, n_models: int) -> int:
     return 5 + n_models
 
 
+# ----------------------------------------------------------------------------- imported KernelBench-Hard board
+
+#: The imported board's GPU: KernelBench-Hard publishes an H100 PCIe board; kernelboard graded nothing there.
+IMPORTED_GPU = "h100-pcie"
+IMPORTED_BY = "KernelBench-Hard (imported)"
+#: The source repository's commit the imported rows were read at (runs.source names it).
+KBH_COMMIT = "a1b2c3d4e5" * 4
+#: A pass without speedups (the source published no baselines): only its % of roofline. It must win its
+#: cell over the same model's later failure, and set the board's best on % of roofline.
+IMP_ROOF = "20261020_100000_kbh_nova-4_03_paged_attention"
+IMP_ROOF_FAIL = "20261021_100000_kbh_nova-4_03_paged_attention"
+#: A pass with speedups derived from the source's baselines: the faster one, but the lower % of roofline.
+IMP_SPEED = "20261020_110000_kbh_fable-5_03_paged_attention"
+#: Kept off the board by the source: a higher % of roofline than anything on it, yet no cell.
+IMP_OFF = "20261019_120000_kbh_fable-5_03_paged_attention"
+IMP_OFF_ONLY = "20261019_130000_kbh_zephyr-1_03_paged_attention"
+IMP_FAIL = "20261020_120000_kbh_orbit-2_03_paged_attention"
+IMP_OFF_REASON = "graded on an H100 SXM, not on this board's GPU"
+IMP_NO_SPEEDUP = ("KernelBench-Hard pass; its published results give no eager or compiled baseline for this "
+                  "problem on this GPU, so no speedup is derived (its score: the % of roofline)")
+#: Fraction of the roofline of each imported pass (per shape the same).
+_IMPORTED_ROOF = {IMP_ROOF: 0.303, IMP_SPEED: 0.2, IMP_OFF: 0.9, IMP_OFF_ONLY: 0.5}
+
+
+def kbh_source(run_id: str) -> str:
+    """runs.source of an imported run: every file of the source repository its row was read from."""
+    paths = ["leaderboard/h100-pcie.json", f"runs/h100-pcie/{run_id}.json", f"solutions/{run_id}.txt"]
+    return f"github:Infatoshi/kernelbench.com@{KBH_COMMIT}:{';'.join(paths)}"
+
+
+def add_imported_board(inputs: SiteInputs) -> None:
+    """An imported KernelBench-Hard board on h100-pcie beside the fixture's own h200 board: Nova 4 passes
+    without a speedup (30.3% of roofline) and later fails; Fable 5 passes with a speedup (1.80x, 20.0%) and
+    has a run kept off the board (90%); Zephyr 1 has only a run kept off the board; Orbit 2 fails."""
+    problem = load_problem(inputs.decks_dir / BENCH / PROBLEM)
+    spec = GPUS[IMPORTED_GPU]
+    imported = {"measured_by": IMPORTED_BY, "grader_version": "kbh", "device_name": spec.name,
+                "driver_version": None, "cuda_version": None, "torch_version": None, "triton_version": None,
+                "python_version": None, "seeds": None, "grade_seconds": None, "log_path": None,
+                "compile_variant": None, "timer": "cuda_event"}
+    people = {IMP_ROOF: ("nova-4", "Nova 4", "Nova Labs"), IMP_ROOF_FAIL: ("nova-4", "Nova 4", "Nova Labs"),
+              IMP_SPEED: ("fable-5", "Fable 5", "Anthropic"), IMP_OFF: ("fable-5", "Fable 5", "Anthropic"),
+              IMP_OFF_ONLY: ("zephyr-1", "Zephyr 1", "Zephyr"), IMP_FAIL: ("orbit-2", "Orbit 2", "OpenAI")}
+    runs = []
+    for run_id, (model, display, lab) in people.items():
+        run = _run(run_id, model, display, "kbh", lab=lab,
+                   trace_url=f"https://huggingface.co/datasets/example/kbh-traces/blob/main/{run_id}.jsonl")
+        run.update(gpu=IMPORTED_GPU, source=kbh_source(run_id), input_tokens=None, cache_read_tokens=None)
+        runs.append(run)
+    results, shapes = [], []
+    for run_id, fraction in _IMPORTED_ROOF.items():
+        rows = []
+        for shape in problem.shapes_for("cuda"):
+            ideal_ms = problem.bytes_moved(shape) / (spec.bandwidth_gb_s * 1e9) * 1e3
+            rows.append({"run_id": run_id, "gpu": IMPORTED_GPU, "shape_idx": shape.idx, "shape_label": shape.label,
+                         "shape_json": shape.params_json, "median_ms": ideal_ms / fraction, "bound": "memory",
+                         "peak_fraction": fraction, "memory_fraction": fraction})
+        with_speedup = run_id != IMP_ROOF
+        result = _result(run_id, IMPORTED_GPU, "not_graded", "KernelBench-Hard pass; speedup = compiled ms ÷ "
+                         "solution geomean ms" if with_speedup else IMP_NO_SPEEDUP, [], **imported)
+        result.update(status="pass", n_shapes=len(rows), peak_fraction=fraction,
+                      speedup_vs_compile=1.8 * fraction / 0.2 if with_speedup else None,
+                      speedup_vs_eager=4.0 * fraction / 0.2 if with_speedup else None,
+                      graded_at=GRADED - dt.timedelta(days=30))
+        if run_id in (IMP_OFF, IMP_OFF_ONLY):
+            result["off_board"] = IMP_OFF_REASON
+        results.append(result)
+        shapes += rows
+    results.append(_result(IMP_ROOF_FAIL, IMPORTED_GPU, "wrong", "KernelBench-Hard: max abs err 0.4 on shape 1", [],
+                           **{**imported, "graded_at": GRADED - dt.timedelta(days=29)}))
+    results.append(_result(IMP_FAIL, IMPORTED_GPU, "build_error", "KernelBench-Hard: nvcc failed", [],
+                           **{**imported, "graded_at": GRADED - dt.timedelta(days=30)}))
+    hardware = {**spec.hardware_row(), "measured_copy_gb_s": None, "measured_bf16_tflop_s": None,
+                "measured_fp8_tflop_s": None, "measured_at": None}
+    out = inputs.results_dir / IMPORTED_GPU
+    upsert(out / "hardware.parquet", "hardware", [hardware])
+    upsert(out / "runs.parquet", "runs", runs)
+    upsert(out / "results.parquet", "results", results)
+    upsert(out / "shapes.parquet", "shapes", shapes)
+    for run_id in _IMPORTED_ROOF:
+        folder = inputs.data_dir / "submissions" / BENCH / run_id
+        folder.mkdir(parents=True)
+        (folder / "solution.py").write_text(
+            "import torch\nfrom torch.utils.cpp_extension import load\n\n"
+            "_ext = load(name='paged', sources=['kernel.cu'])\n", encoding="utf-8")
+        if run_id == IMP_ROOF:
+            (folder / "kernel.cu").write_text(
+                "#include <cuda_bf16.h>\n\n__global__ void paged_attention(const __nv_bfloat16* q) {\n"
+                "  // </script><b>not markup</b>\n}\n", encoding="utf-8")
+            (folder / "blob.bin").write_bytes(b"\xff\xfe\x00binary")
+
+
 # ------------------------------------------------------------------------------ large synthetic site
 
 #: The GPUs of the large synthetic site (keys eval/hardware.py knows).
