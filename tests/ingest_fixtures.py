@@ -1,15 +1,18 @@
 """Agent traces in the Claude-Code session format, generated for the importer tests.
 
-`Trace` writes the lines the HF trace datasets hold (landscape §7): title and mode headers, then
-user / assistant records with `cwd`, `uuid`, `timestamp`, `message`; assistant messages carry
-`usage`, one line per content block, each repeating its message's usage. Everything here is
-made up for tests and lives only under pytest's tmp_path.
+`Trace` writes Claude Code session lines with a real clock and real message ids: title and mode
+headers, then user / assistant records with `cwd`, `uuid`, `timestamp`, `message`; assistant
+messages carry `usage`, one line per content block, each repeating its message's usage.
+`ExportedTrace` writes exactly what kernelbench.com's exporter (traces_to_hf.py) publishes, which
+loses the clock, the message ids and the API-error markers. Everything here is made up for tests
+and lives only under pytest's tmp_path.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -145,3 +148,92 @@ def write_fixture_traces(folder: Path) -> dict[str, str]:
     t.write_to(folder)
     expected[t.run_id] = "solution_unrecoverable"
     return expected
+
+
+# ------------------------------------------------------------------ kernelbench.com's exported traces
+
+
+class ExportedTrace:
+    """A trace as kernelbench.com's exporter writes it: benchmarks/hard/scripts/traces_to_hf.py (same
+    file under benchmarks/cuda and benchmarks/mini) in Infatoshi/kernelbench.com at c7d92211, fed by
+    its Claude-Code parser (benchmarks/hard/src/viewer/parsers/claude.py).
+
+    What that code writes, and this class copies: three headers (custom-title and ai-title
+    "<model> · <run_id>", mode); then one record per parsed event, keys in the exporter's order,
+    `parentUuid` chaining each to the one before, a fresh uuid4 as `uuid`, `version` "2.1.181", and
+    `timestamp` = the run id's time read in the exporter machine's zone plus the record's line index
+    in seconds. Assistant records get a fresh uuid4 `message.id`, `requestId` "req_" + uuid[:24],
+    the session's model (never "<synthetic>"), `stop_reason` None and the event's usage; user
+    records a fresh `promptId`. One original Claude Code line (one content block) is one event, so
+    the blocks of one API message come out as several records that repeat its usage. Harness notes
+    are user records "[<subtype or role>] <text>". `isApiErrorMessage`, `error` and `result` records
+    are not written at all.
+    """
+
+    def __init__(self, run_id: str, model: str, *, exporter_utc_offset_hours: float = -6, cwd: str = CWD,
+                 session_id: str = "a2da6559-0b68-41bd-9506-c3382960a423") -> None:
+        self.run_id, self.model, self.cwd, self.session_id = run_id, model, cwd, session_id
+        local = dt.datetime.strptime(run_id[:15], "%Y%m%d_%H%M%S")
+        self.base = local - dt.timedelta(hours=exporter_utc_offset_hours)  # naive UTC, as utcfromtimestamp gives
+        self.parent: str | None = None
+        self.lines: list[dict[str, Any]] = [
+            {"type": "custom-title", "customTitle": f"{model} \u00b7 {run_id}", "sessionId": session_id},
+            {"type": "ai-title", "aiTitle": f"{model} \u00b7 {run_id}", "sessionId": session_id},
+            {"type": "mode", "mode": "normal", "sessionId": session_id},
+        ]
+        self.note("init", f"session start  cwd={cwd}  model={model}  permissions=bypassPermissions")
+        self.user("I need you to write a fast paged-attention decode kernel in solution.py.")
+
+    def _emit(self, kind: str, message: dict[str, Any]) -> None:
+        u = str(uuid.uuid4())
+        stamp = (self.base + dt.timedelta(seconds=len(self.lines))).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+        rec = {"parentUuid": self.parent, "isSidechain": False, "userType": "external", "cwd": self.cwd,
+               "sessionId": self.session_id, "version": "2.1.181", "gitBranch": "", "entrypoint": "cli",
+               "type": kind, "message": message, "uuid": u, "timestamp": stamp}
+        if kind == "assistant":
+            rec["requestId"] = f"req_{u[:24]}"
+        else:
+            rec["promptId"] = str(uuid.uuid4())
+        self.lines.append(rec)
+        self.parent = u
+
+    def user(self, text: str) -> None:
+        self._emit("user", {"role": "user", "content": text})
+
+    def note(self, label: str, text: str) -> None:
+        self.user(f"[{label}] {text}")
+
+    def event(self, *, reasoning: str | None = None, text: str | None = None,
+              tool_calls: tuple[tuple[str, str, dict[str, Any]], ...] = (),
+              usage: tuple[int, int, int, int] | None = (10, 100, 1000, 0)) -> None:
+        """One parsed assistant event (one original line): usage is (input, output, cache read, cache write)."""
+        blocks: list[dict[str, Any]] = []
+        if reasoning:
+            blocks.append({"type": "thinking", "thinking": reasoning, "signature": ""})
+        if text:
+            blocks.append({"type": "text", "text": text})
+        for call_id, name, args in tool_calls:
+            blocks.append({"type": "tool_use", "id": call_id, "name": name, "input": args})
+        msg: dict[str, Any] = {"role": "assistant", "content": blocks, "id": str(uuid.uuid4()), "model": self.model,
+                               "stop_reason": None, "type": "message"}
+        if usage is not None:
+            msg["usage"] = {"input_tokens": usage[0], "output_tokens": usage[1],
+                            "cache_read_input_tokens": usage[2], "cache_creation_input_tokens": usage[3]}
+        self._emit("assistant", msg)
+
+    def result(self, call_id: str, content: str = "ok", is_error: bool = False) -> None:
+        self._emit("user", {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": call_id, "content": content, "is_error": is_error}]})
+
+    def api_error(self, text: str) -> None:
+        """Claude Code's synthetic error message (model '<synthetic>', usage all zero) after the export."""
+        self.event(text=text, usage=(0, 0, 0, 0))
+
+    def text(self) -> str:
+        return "\n".join(json.dumps(line) for line in self.lines) + "\n"
+
+    def write_to(self, folder: Path, board: str = "") -> Path:
+        path = folder / board / f"{self.run_id}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.text())
+        return path

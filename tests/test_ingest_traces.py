@@ -8,11 +8,19 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-from ingest_fixtures import KERNEL_V2, SOLUTION, Trace, write_fixture_traces
+from ingest_fixtures import KERNEL_V1, KERNEL_V2, SOLUTION, ExportedTrace, Trace, write_fixture_traces
 
 from kernelboard.eval.submission import load_submission
+from kernelboard.sitegen.ingest.claude_code import parse_lines
 from kernelboard.sitegen.ingest.cli import import_group
-from kernelboard.sitegen.ingest.traces import TraceSource, import_traces, read_dataset, read_folder
+from kernelboard.sitegen.ingest.traces import (
+    TraceFile,
+    TraceSource,
+    build_run,
+    import_traces,
+    read_dataset,
+    read_folder,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO.parent / "shared" / "samples" / "hf-traces"
@@ -195,9 +203,127 @@ def test_real_sample_traces_are_read(tmp_path: Path, dataset: str, bench: str) -
     kinetic = "20260715_204254_kinetic-claude_kinetic-0715_03_paged_attention"
     if kinetic in runs:
         meta = runs[kinetic]
+        # Its one timestamp (2026-07-16T02:42:57Z) is the exporter's invention; the start is the run id's.
         assert (meta["harness"], meta["model"], meta["started_at"]) == (
-            "kinetic-claude", "kinetic-0715", "2026-07-16T02:42:57Z")
+            "kinetic-claude", "kinetic-0715", "2026-07-15T20:42:54-06:00")
+        assert "agent_seconds" not in meta
 
+
+
+# ------------------------------------------------------------------------------ kernelbench.com's exports
+# Records shaped as benchmarks/hard/scripts/traces_to_hf.py (Infatoshi/kernelbench.com c7d92211) writes
+# them; see `ExportedTrace`.
+
+KINETIC = "20260715_204254_kinetic-claude_kinetic-0715_03_paged_attention"
+
+
+def _build(t: ExportedTrace | Trace) -> dict:
+    _, meta, _ = build_run(TraceFile(f"{t.run_id}.jsonl", t.text(), "test"), bench="hard", source=SOURCE)
+    return meta
+
+
+@pytest.mark.parametrize("exporter_offset", [-6, 3, 0])
+def test_exported_start_is_the_run_id_and_never_the_invented_clock(exporter_offset: int) -> None:
+    t = ExportedTrace(KINETIC, "kinetic-0715", exporter_utc_offset_hours=exporter_offset)
+    t.event(text="Looking around.")
+    t.event(tool_calls=(("toolu_1", "Bash", {"command": "ls"}),))
+    t.result("toolu_1", "reference.py")
+    t.event(text="Done.")
+    assert parse_lines(t.text().splitlines()).exporter_clock
+    meta = _build(t)
+    # The exporter's clock moves with the zone of the machine that exported; the run id does not.
+    assert meta["started_at"] == "2026-07-15T20:42:54-06:00"
+    assert "agent_seconds" not in meta
+
+
+def test_a_trace_with_a_real_clock_keeps_it() -> None:
+    t = Trace(KINETIC, "kinetic-0715", start="2026-07-16T02:43:10", step_seconds=3.0)
+    t.say("a")
+    t.say("b")
+    session = parse_lines(t.text().splitlines())
+    assert not session.exporter_clock and session.wall_seconds() == 9.0
+    assert _build(t)["started_at"] == "2026-07-16T02:43:10Z"
+
+
+def test_exported_usage_is_counted_once_per_api_message() -> None:
+    t = ExportedTrace(KINETIC, "kinetic-0715")
+    # API message 1, four content blocks -> four records repeating its usage.
+    first = (3, 5, 15_000, 2_000)
+    t.event(reasoning="plan", usage=first)
+    t.event(text="Writing it.", usage=first)
+    t.event(tool_calls=(("toolu_1", "Write", {"file_path": SOLUTION, "content": KERNEL_V1}),), usage=first)
+    t.event(tool_calls=(("toolu_2", "Bash", {"command": "python check.py"}),), usage=first)
+    t.result("toolu_1", "File created successfully")
+    t.result("toolu_2", "PASS")
+    # API message 2: the output count grows on its last block's record.
+    t.event(reasoning="check", usage=(2, 1, 17_000, 400))
+    t.event(text="It passes.", usage=(2, 90, 17_000, 400))
+    # API message 3: the next call, after a note the harness wrote.
+    t.note("task_notification", "\u21b3 subagent complete")
+    t.event(text="Done.", usage=(1, 7, 17_400, 50))
+    meta = _build(t)
+    # Summed per record it would be (4*2003 + 2*402 + 51, 4*5 + 91 + 7, 4*15000 + 2*17000 + 17400).
+    assert (meta["input_tokens"], meta["output_tokens"], meta["cache_read_tokens"]) == (
+        2_003 + 402 + 51, 5 + 90 + 7, 15_000 + 17_000 + 17_400)
+    assert meta["agent_outcome"] == "completed"
+
+
+@pytest.mark.parametrize(("text", "outcome"), [
+    ('API Error: 429 {"type":"error","error":{"type":"rate_limit_error","message":"Rate limit reached"}}',
+     "rate_limited"),
+    ("Credit balance is too low", "credits_exhausted"),
+    ("API Error: Repeated 529 Overloaded errors", "provider_unavailable"),
+    ("Claude AI usage limit reached|1784160000", "rate_limited"),
+    ("API Error: 500 Internal server error", "provider_error"),
+])
+def test_an_exported_harness_error_message_is_a_dnf(text: str, outcome: str) -> None:
+    t = ExportedTrace("20260822_053629_zai-claude_glm-5.3_03_paged_attention", "glm-5.3")
+    t.event(text="Reading the reference.", usage=(5, 3, 9_000, 0))
+    t.event(tool_calls=(("toolu_1", "Read", {"file_path": "reference.py"}),), usage=(5, 3, 9_000, 0))
+    t.result("toolu_1", "import torch")
+    t.api_error(text)
+    meta = _build(t)
+    assert meta["agent_outcome"] == outcome and text[:20] in meta["outcome_note"]
+    assert meta["input_tokens"] == 5  # the error record carries no usage to count
+
+
+def test_the_model_writing_about_errors_is_not_a_dnf() -> None:
+    t = ExportedTrace("20260822_053629_zai-claude_glm-5.3_03_paged_attention", "glm-5.3")
+    t.event(tool_calls=(("toolu_1", "Read", {"file_path": "reference.py"}),))
+    t.result("toolu_1", "import torch")
+    t.event(text="API Error: 429 rate limit, so I will stop here.")  # billed: the model's text
+    t.event(text="I hit a rate limit and stop.", usage=(0, 0, 0, 0))  # unbilled, but not the harness's words
+    meta = _build(t)
+    assert meta["agent_outcome"] == "no_solution"
+
+
+@pytest.mark.parametrize(("note", "outcome"), [
+    ("[error] Rate limit exceeded for model", "rate_limited"),  # OpenCode's / Droid's error event
+    ("[error] AI_APICallError: Insufficient credits", "credits_exhausted"),
+    ("[result] result: error", "harness_error"),  # Gemini CLI's closing record; its reason is not exported
+])
+def test_exported_harness_notes_are_dnfs(note: str, outcome: str) -> None:
+    t = ExportedTrace("20260618_050815_gemini_gemini-3.5-flash_03_paged_attention", "gemini-3.5-flash")
+    t.event(tool_calls=(("c1", "read_file", {"path": "reference.py"}),), usage=None)
+    t.result("c1", "import torch")
+    t.user(note)
+    assert _build(t)["agent_outcome"] == outcome
+
+
+def test_an_exported_run_rebuilds_its_solution(tmp_path: Path) -> None:
+    t = ExportedTrace(KINETIC, "kinetic-0715")
+    t.event(tool_calls=(("toolu_1", "Write", {"file_path": SOLUTION, "content": KERNEL_V1}),))
+    t.result("toolu_1", "File created successfully")
+    t.event(tool_calls=(("toolu_2", "Edit", {"file_path": SOLUTION, "old_string": "q * 1", "new_string": "q * 2"}),),
+            usage=(1, 5, 1_500, 0))
+    t.result("toolu_2", "updated")
+    t.event(text="Done.", usage=(1, 5, 1_600, 0))
+    t.write_to(tmp_path / "src", "h100")
+    report = _import(tmp_path / "src", tmp_path / "data")
+    assert report.skipped == [] and report.outcomes == {"completed": 1}
+    sub = tmp_path / "data" / "submissions" / "hard" / KINETIC
+    assert (sub / "solution.py").read_text() == KERNEL_V2
+    assert _meta(tmp_path / "data", KINETIC)["started_at"] == "2026-07-15T20:42:54-06:00"
 
 
 # ------------------------------------------------------------------------------ end to end

@@ -4,8 +4,14 @@ One run per trace file. Files come from a local folder (`*.jsonl`, or `*.parquet
 conversion writes them, a `trace` and a `file_path` column) or from a Hub dataset loaded with
 `datasets` (which needs `teich` to parse agent traces). The folder a file sits in names the GPU
 board (`h100/` -> h100-pcie; the root -> `root_gpu`). For each run the importer reads identity,
-timestamps, token totals (summed over API messages), the outcome (`outcome.decide`) and rebuilds
-the solution (`recover.recover`); `kernelboard eval` then grades the folders.
+the start time, token totals (summed over API messages), the outcome (`outcome.decide`) and
+rebuilds the solution (`recover.recover`); `kernelboard eval` then grades the folders.
+
+The start time is the trace's first timestamp only when the trace has a real clock. The traces
+kernelbench.com publishes do not: its exporter invents one timestamp per line (run id + line
+number seconds, `Session.exporter_clock`). Then the start is the run id's `YYYYMMDD_HHMMSS`, the
+runner's local wall clock (`date +%Y%m%d_%H%M%S` in its scripts/lib/run_harness.sh), read at
+`runner_utc_offset`, and the agent time is left unknown. See docs/traces.md.
 
 Writes are atomic and skipped when the bytes are the same, so importing a source twice changes
 nothing. A file with a malformed line is reported with its name and line and skipped whole (a
@@ -34,6 +40,12 @@ from .claude_code import TraceFormatError, parse_lines
 from .naming import BOARD_GPUS, ROOT_GPU, lab_of, model_slug, split_run_id
 from .outcome import decide
 from .recover import recover
+
+#: The UTC offset of the clock kernelbench.com's run ids are written in. Every start time its runner
+#: recorded (`started_at`, `date -Is`, in the result files of Infatoshi/kernelbench.com at c7d92211)
+#: is the run id's time at -06:00: 131 runs of May-June 2026. Runs on other hosts or in winter may
+#: differ by whole hours; the traces do not say.
+RUNNER_UTC_OFFSET = dt.timedelta(hours=-6)
 
 
 @dataclass(frozen=True)
@@ -112,7 +124,8 @@ def _row_file(row: dict[str, Any], origin: str, root: str | None) -> Iterator[Tr
 
 def import_traces(files: Iterable[TraceFile], *, data_dir: Path, bench: str, source: TraceSource,
                   root_gpu: str = ROOT_GPU, problems: frozenset[str] = frozenset(),
-                  advance: Callable[[str], None] = lambda _: None) -> ImportReport:
+                  advance: Callable[[str], None] = lambda _: None,
+                  runner_utc_offset: dt.timedelta = RUNNER_UTC_OFFSET) -> ImportReport:
     """Write one submission folder per trace under DATA/submissions/<bench>/ (see the module docstring)."""
     report = ImportReport()
     base = data_dir / "submissions" / bench
@@ -120,7 +133,7 @@ def import_traces(files: Iterable[TraceFile], *, data_dir: Path, bench: str, sou
         advance(trace.path)
         try:
             run_id, meta, solution = build_run(trace, bench=bench, source=source, root_gpu=root_gpu,
-                                               problems=problems)
+                                               problems=problems, runner_utc_offset=runner_utc_offset)
         except _Skip as exc:
             report.skipped.append(f"{trace.origin}: {exc}")
             continue
@@ -150,8 +163,18 @@ def _existing(folder: Path) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) else None
 
 
+def _run_id_start(stamp: str, offset: dt.timedelta) -> str | None:
+    """The run id's `YYYYMMDD_HHMMSS` as an ISO time at the runner's UTC offset (kept, not converted)."""
+    try:
+        when = dt.datetime.strptime(stamp, "%Y%m%d_%H%M%S")
+    except ValueError:
+        return None
+    return when.replace(tzinfo=dt.timezone(offset)).isoformat().replace("+00:00", "Z")
+
+
 def build_run(trace: TraceFile, *, bench: str, source: TraceSource, root_gpu: str = ROOT_GPU,
-              problems: frozenset[str] = frozenset()) -> tuple[str, dict[str, Any], dict[str, str]]:
+              problems: frozenset[str] = frozenset(), runner_utc_offset: dt.timedelta = RUNNER_UTC_OFFSET,
+              ) -> tuple[str, dict[str, Any], dict[str, str]]:
     """(run_id, run.yaml mapping, solution files) of one trace; raises `_Skip` with the reason."""
     name = posixpath.basename(trace.path)
     if not name.endswith(".jsonl"):
@@ -176,6 +199,8 @@ def build_run(trace: TraceFile, *, bench: str, source: TraceSource, root_gpu: st
     recovery = recover(session)
     outcome, note = decide(session, recovery)
     started = session.started_at
+    started_at = started.astimezone(dt.UTC).isoformat().replace("+00:00", "Z") if started else \
+        _run_id_start(parts.stamp, runner_utc_offset)
     meta: dict[str, Any] = {
         "run_id": run_id,
         "problem": parts.problem,
@@ -188,7 +213,7 @@ def build_run(trace: TraceFile, *, bench: str, source: TraceSource, root_gpu: st
         "agent_outcome": outcome,
         "outcome_note": note,
         "trace_url": source.trace_url(trace.path),
-        "started_at": started.astimezone(dt.UTC).isoformat().replace("+00:00", "Z") if started else None,
+        "started_at": started_at,
         "agent_seconds": session.wall_seconds(),
         **session.token_totals(),
         "source": source.label,
