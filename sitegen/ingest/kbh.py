@@ -36,7 +36,7 @@ from ._files import dump_yaml, sync_folder
 from .annotations import FLAG_VERDICTS, VERDICTS, write_annotation
 from .kbh_read import KbhInstall, KbhRun, read_install
 from .kbh_tables import write_rows
-from .naming import lab_of, model_slug, split_run_id
+from .naming import RUNNER_UTC_OFFSET, lab_of, model_slug, split_run_id
 from .recover import SOLUTION, names_file
 
 MEASURED_BY = "KernelBench-Hard (imported)"
@@ -245,12 +245,17 @@ def _meta(run: KbhRun, bench: str, traces_dataset: str | None, report: KbhReport
         "run_id": run.run_id, "problem": problem, "model": model_slug(model), "model_display": model,
         "lab": lab_of(model), "harness": harness, "effort": effort, "gpu": run.gpu, "agent_outcome": outcome,
         "outcome_note": f"KernelBench-Hard: {reason}" if outcome != "completed" else None,
-        "trace_url": trace, "started_at": res.get("started_at"),
+        "trace_url": trace, "started_at": res.get("started_at") or _run_id_start(run.run_id).isoformat(),
         "agent_seconds": res.get("elapsed_seconds", stats.get("agent_s", cell.get("elapsed_seconds"))),
         **tokens,
         "cost_usd": usage.get("total_cost_usd", stats.get("cost_usd")),
     }
     return {k: v for k, v in meta.items() if v is not None}
+
+
+def _run_id_start(run_id: str) -> dt.datetime:
+    """When the run started, as its id says, in the runner's clock (see RUNNER_UTC_OFFSET)."""
+    return dt.datetime.strptime(run_id[:15], "%Y%m%d_%H%M%S").replace(tzinfo=dt.timezone(RUNNER_UTC_OFFSET))
 
 
 def _dataset_trace(run: KbhRun, dataset: str) -> str:
@@ -443,8 +448,8 @@ def _shape_baselines(install: KbhInstall, gpu: str, problem: str, n_shapes: int)
 
 
 def _graded_at(run: KbhRun) -> dt.datetime:
-    """When it was graded: the regrade's or the run's finish time; else the run id's stamp plus the run
-    detail's total seconds (read as UTC: the source does not say which zone its run ids are in)."""
+    """When it was graded: the regrade's or the run's finish time; else the run id's stamp (in the
+    runner's clock, RUNNER_UTC_OFFSET) plus the run detail's total seconds."""
     res = run.result or {}
     for value in ((res.get("regrade") or {}).get("at"), res.get("finished_at")):
         if isinstance(value, str):
@@ -454,7 +459,7 @@ def _graded_at(run: KbhRun) -> dt.datetime:
             except ValueError:
                 pass
     stats = (run.detail or {}).get("stats") or {}
-    start = dt.datetime.strptime(run.run_id[:15], "%Y%m%d_%H%M%S").replace(tzinfo=dt.UTC)
+    start = _run_id_start(run.run_id)
     total = stats.get("total_s")
     return start + dt.timedelta(seconds=total) if isinstance(total, int | float) and total > 0 else start
 

@@ -7,6 +7,7 @@ Run ids follow `YYYYMMDD_HHMMSS_<harness>_<model>_<NN>_<problem>`; the harness m
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from dataclasses import dataclass
 
@@ -22,6 +23,12 @@ BOARD_GPUS: dict[str, str] = {
     "rtx-pro-6000": "rtx-pro-6000",
 }
 ROOT_GPU = "rtx-pro-6000"
+
+#: The UTC offset of the clock kernelbench.com's run ids are written in (`date +%Y%m%d_%H%M%S` in
+#: scripts/lib/run_harness.sh, local time). Every start time its runner recorded (`started_at`,
+#: `date -Is`, in the result files of Infatoshi/kernelbench.com at c7d92211) is the run id's time at
+#: -06:00: 131 runs of May-June 2026. Runs on other hosts or in winter may differ by whole hours.
+RUNNER_UTC_OFFSET = dt.timedelta(hours=-6)
 
 #: Model-name prefixes (after any provider path) -> lab. Unknown models get no lab, never a guess.
 _LABS: tuple[tuple[str, str], ...] = (

@@ -37,15 +37,9 @@ from kernelboard.eval.submission import RUN_ID_PATTERN
 
 from ._files import dump_yaml, sync_folder
 from .claude_code import TraceFormatError, parse_lines
-from .naming import BOARD_GPUS, ROOT_GPU, lab_of, model_slug, split_run_id
+from .naming import BOARD_GPUS, ROOT_GPU, RUNNER_UTC_OFFSET, lab_of, model_slug, split_run_id
 from .outcome import decide
 from .recover import recover
-
-#: The UTC offset of the clock kernelbench.com's run ids are written in. Every start time its runner
-#: recorded (`started_at`, `date -Is`, in the result files of Infatoshi/kernelbench.com at c7d92211)
-#: is the run id's time at -06:00: 131 runs of May-June 2026. Runs on other hosts or in winter may
-#: differ by whole hours; the traces do not say.
-RUNNER_UTC_OFFSET = dt.timedelta(hours=-6)
 
 
 @dataclass(frozen=True)
