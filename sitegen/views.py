@@ -197,15 +197,15 @@ def _top(board: Board) -> tuple[Board, int]:
 
 
 def bench_sections(data: SiteData) -> list[BenchSection]:
-    """A section per bench that has graded results, each with its GPU tabs: the boards kernelboard measured
-    first (the first tab is the one shown), then the imported ones, each group in `gpu_order`
-    (build_boards already yields boards in that order)."""
+    """A section per bench that has graded results, each with its GPU tabs: the GPU boards kernelboard
+    measured first (the first tab is the one shown), then the imported ones, then CPU test timings, each
+    group in `gpu_order` (build_boards already yields boards in that order)."""
     boards = build_boards(data)
     benches = sorted({b.bench for b in boards},
                      key=lambda b: (BENCH_ORDER.index(b) if b in BENCH_ORDER else len(BENCH_ORDER), b))
     sections = []
     for bench in benches:
-        ours = sorted((b for b in boards if b.bench == bench), key=lambda b: b.is_imported)  # stable
+        ours = sorted((b for b in boards if b.bench == bench), key=lambda b: (b.is_cpu, b.is_imported))  # stable
         tabs = tuple(GpuTab(bench, b.gpu, b.label, b.is_cpu, data.hardware.get(b.gpu), *_top(b)) for b in ours)
         sections.append(BenchSection(bench, bench.title(), tabs))
     return sections
