@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import html5lib
 import pytest
 from browsing import serve, watch
 from site_fixtures import (
@@ -151,6 +152,15 @@ def test_every_internal_link_resolves_and_external_ones_are_the_sources(site: Pa
     assert set(NOVA_SOURCES) <= external
     assert all(h.startswith(("https://github.com/Infatoshi/kernelbench.com/", "https://huggingface.co/"))
                for h in external), external
+
+
+def test_every_page_is_strictly_valid_html_with_captioned_tables(site: Path) -> None:
+    for rel, path in html_pages(site).items():
+        html5lib.HTMLParser(strict=True).parse(path.read_bytes())
+        for table in parse(path).iter("table"):  # the site's own tables (Markdown's have no class, nor caption)
+            if table.get("class") not in (None, "highlighttable"):
+                caption = table.find("caption")
+                assert caption is not None and text(caption), f"{rel}: table.{table.get('class')} has no caption"
 
 
 def test_our_board_stays_labelled_as_ours_and_first(site: Path) -> None:
