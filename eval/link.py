@@ -25,7 +25,6 @@ import socket
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.process import BaseProcess
 from typing import Any, Protocol, TypeVar
 
 import torch
@@ -117,7 +116,7 @@ class RunnerLink:
     """The runner process (worker.start_runner) and the judge's socket to it. `close()` kills the
     runner's process group, whatever happened."""
 
-    def __init__(self, proc: BaseProcess, sock: socket.socket, clock: Clock) -> None:
+    def __init__(self, proc: Any, sock: socket.socket, clock: Clock) -> None:
         self.proc, self.chan, self.clock = proc, Channel(sock), clock
         self._closed = False
         self._pending: deque[int] = deque()  # sizes of tensor frames announced but not read yet

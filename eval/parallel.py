@@ -50,6 +50,7 @@ def _child_args(opts: EvalOptions, out: Path, run_ids: list[str]) -> list[str]:
             "--check-timeout", str(opts.check_timeout_s), "--timing-timeout", str(opts.timing_timeout_s),
             "--baseline-timeout", str(opts.baseline_timeout_s)]
     args += ["--resume"] if opts.resume else []
+    args += ["--unsandboxed"] if opts.unsandboxed else []
     args += ["--regrade"] if opts.regrade else []
     args += [] if opts.prebuild is None else ["--prebuild" if opts.prebuild else "--no-prebuild"]
     for variant in opts.skip_baselines:

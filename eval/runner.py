@@ -1,6 +1,6 @@
 """The runner: the one process that imports and runs candidate code (untrusted side).
 
-The worker starts it with multiprocessing's spawn context and the judge asks it one
+The worker starts it (`python -m kernelboard.eval.runner`, inside the sandbox of jail.py) and the judge asks it one
 thing at a time over a socket (protocol.py): import solution.py, build a shape's Model, make a
 call, time the calls, collect an audit's raw data. It answers with raw data only — outputs as
 bytes, per-call samples, op and kernel names, torch's global switches — and never sees a
@@ -196,13 +196,15 @@ class _Runner:
         return {"samples_ms": samples, "outputs": [meta]}, blobs
 
 
-def _detach(judge_pid: int) -> None:
-    """Own process group (the judge kills it whole); die with the judge."""
-    os.setpgid(0, 0)
+def _detach(parent_pid: int | None) -> None:
+    """Own process group (the judge kills it whole); die with the process that started it (the
+    judge, or bwrap's init, which dies with the judge: --die-with-parent)."""
+    if os.getpgrp() != os.getpid():  # started in a session of its own (Popen start_new_session) it leads one
+        os.setpgid(0, 0)
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != judge_pid:  # the judge died before the line above took effect
+    if parent_pid is not None and os.getppid() != parent_pid:  # the judge died before the line above
         os._exit(1)
 
 
@@ -221,7 +223,7 @@ def _send(chan: Channel, header: dict[str, Any], blobs: list[memoryview]) -> boo
 def serve(sock: socket.socket, setup: dict[str, Any]) -> None:
     """The runner's main loop: a hello with torch's global switches (before any candidate code
     runs), then one reply per request until the judge closes the socket."""
-    _detach(setup["judge_pid"])
+    _detach(setup.get("parent_pid"))
     chan = Channel(sock)
     try:
         runner = _Runner(setup)
@@ -242,3 +244,18 @@ def serve(sock: socket.socket, setup: dict[str, Any]) -> None:
             header, blobs = {"ok": False, "error": report(exc)}, []
         if not _send(chan, header, blobs):
             return
+
+
+def main(argv: list[str]) -> int:
+    """`python -m kernelboard.eval.runner FD SETUP_JSON`: serve the judge on the inherited socket FD."""
+    import json
+
+    if len(argv) != 2:
+        print("usage: python -m kernelboard.eval.runner FD SETUP_JSON", file=sys.stderr)
+        return 2
+    serve(socket.socket(fileno=int(argv[0])), json.loads(argv[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

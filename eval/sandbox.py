@@ -16,6 +16,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +30,9 @@ from typing import Any
 from rich.console import Console
 
 from kernelboard.errors import UsageError
+
+from . import jail
+from .jail import Jail
 
 _console = Console(stderr=True)
 
@@ -53,11 +57,17 @@ def cutlass_include() -> Path | None:
     return None
 
 
+def cache_dir(cache_key: str) -> Path:
+    """The compile caches of one solution (keyed by its hash): the one folder outside its scratch
+    copy that its sandbox may write."""
+    return Path(os.environ.get("KERNELBOARD_CACHE", Path.home() / ".cache" / "kernelboard")) / cache_key
+
+
 def worker_env(cache_key: str, arch: str | None = None, interpret: bool = False) -> dict[str, str]:
     """The worker's environment: private compile caches, the GPU's arch, CUTLASS headers; with
     `interpret` (grading on the CPU) Triton kernels run in Triton's interpreter, the only way they
     run without a GPU."""
-    cache = Path(os.environ.get("KERNELBOARD_CACHE", Path.home() / ".cache" / "kernelboard")) / cache_key
+    cache = cache_dir(cache_key)
     env = dict(os.environ)
     env.update(
         TORCH_EXTENSIONS_DIR=str(cache / "torch_extensions"),
@@ -104,7 +114,7 @@ def run_worker(job: dict[str, Any], workdir: Path, log_path: Path, timeout_s: fl
     phase_path = workdir.parent / f"{workdir.name}.phase"
     limits = dict(phase_timeouts or {})
     job = {**job, "result_path": str(result_path), "phase_path": str(phase_path), "phase_timeouts_s": limits,
-           "timeout_s": timeout_s, "started_unix": time.time()}
+           "timeout_s": timeout_s, "started_unix": time.time(), "caches": [str(cache_dir(cache_key))]}
     job_path = workdir.parent / f"{workdir.name}.job.json"
     job_path.write_text(json.dumps(job, sort_keys=True))
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -157,16 +167,18 @@ def run_worker(job: dict[str, Any], workdir: Path, log_path: Path, timeout_s: fl
 
 
 def start_prebuild(problem_path: Path, solution_dir: Path, log_path: Path, cache_key: str,
-                   arch: str | None) -> subprocess.Popen[bytes]:
-    """Start compiling a solution's extensions on the CPU (see prebuild.py); returns the process."""
+                   arch: str | None, cell: Jail) -> subprocess.Popen[bytes]:
+    """Start compiling a solution's extensions on the CPU (see prebuild.py), in the batch's sandbox
+    with a private copy of the problem; returns the process."""
     env = {**worker_env(cache_key, arch), "CUDA_VISIBLE_DEVICES": ""}
+    problem = solution_dir.parent / f"{solution_dir.name}.problem" / problem_path.name
+    shutil.copytree(problem_path, problem, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "kernelboard.eval.prebuild", str(problem_path), str(solution_dir)],
-            cwd=solution_dir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            start_new_session=True,
-        )
+        return jail.start(cell, [sys.executable, "-m", "kernelboard.eval.prebuild", str(problem), str(solution_dir)],
+                          writable=[solution_dir, cache_dir(cache_key)], readable=[problem], cwd=solution_dir,
+                          env=env, device="cpu",
+                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).proc
 
 
 def finish_prebuild(proc: subprocess.Popen[bytes], timeout_s: float) -> None:

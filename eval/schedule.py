@@ -30,6 +30,7 @@ from kernelboard.errors import UsageError
 
 from .deck import Problem, load_deck
 from .hardware import GPUS, GpuSpec, gpu_key
+from .jail import Jail, make_jail
 from .sandbox import driver_version, finish_prebuild, gpu_lock, probe_device, run_worker, start_prebuild
 from .schema import DNF_OUTCOMES
 from .scoring import best_compile, result_row, shape_rows
@@ -57,6 +58,7 @@ class EvalOptions:
     baseline_timeout_s: float = 1800.0
     skip_baselines: tuple[str, ...] = ()  # variants not measured in this run (e.g. compile:max-autotune)
     rep_ms: float | None = None  # timing budget per shape; None = the timer's default
+    unsandboxed: bool = False  # run candidate code without bubblewrap (rows say so)
 
     @property
     def phase_timeouts(self) -> dict[str, float]:
@@ -165,7 +167,7 @@ def _graded_solutions(opts: EvalOptions, gpu: str) -> dict[str, str | None]:
 def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem: Problem | None,
                      sub: Submission, env: dict[str, Any], baselines: dict[int, dict[str, Any]],
                      scratch: Path, driver: str | None,
-                     on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
+                     on_phase: Callable[[str], None] | None = None, cell: Jail | None = None) -> dict[str, Any]:
     """Grade (or classify without grading) one submission and write its rows; returns its result row."""
     common = {"run_id": sub.run_id, "gpu": gpu, "env": env, "timer": _timer(opts.device),
               "grader_version": GRADER_VERSION, "driver_version": driver, "graded_at": _now()}
@@ -187,7 +189,8 @@ def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem:
         workdir = scratch / sub.run_id
         shutil.copytree(sub.folder, workdir, ignore=shutil.ignore_patterns("run.yaml", "__pycache__"))
         job = {"kind": "grade", "problem_path": str(problem.folder.resolve()), "device": opts.device,
-               "solution_dir": str(workdir), "base_seed": secrets.randbits(31), "rep_ms": opts.rep_ms}
+               "solution_dir": str(workdir), "base_seed": secrets.randbits(31), "rep_ms": opts.rep_ms,
+               "jail": (cell or jail_for(opts)).to_job()}
         log = opts.out / gpu / "logs" / f"{sub.run_id}.log"
         res = run_worker(job, workdir, log, opts.timeout_s, sub.solution_sha256() or sub.run_id,
                          opts.phase_timeouts, env.get("capability"), on_phase)
@@ -197,6 +200,7 @@ def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem:
         row = result_row(status=result.get("status", "runtime_error"), message=result.get("message", "?"),
                          shapes=shapes, seeds=result.get("seeds"), grade_seconds=round(res.seconds, 2),
                          log_path=str(log.relative_to(opts.out)), **{**common, "env": result.get("env") or env})
+        row["sandbox"] = result.get("sandbox")
         if row["status"] == "pass":
             variants = {v for idx in baselines if (b := best_compile(baselines[idx])) for v in [b[0]]}
             row["compile_variant"] = ",".join(sorted(variants))
@@ -234,12 +238,24 @@ def _gradeable(opts: EvalOptions, problem: Problem | None, sub: Submission) -> b
 
 
 def _prebuild(opts: EvalOptions, gpu: str, problem: Problem, sub: Submission, env: dict[str, Any],
-              scratch: Path) -> subprocess.Popen[bytes]:
+              scratch: Path, cell: Jail) -> subprocess.Popen[bytes]:
     folder = scratch / f"{sub.run_id}.prebuild"
     shutil.copytree(sub.folder, folder, ignore=shutil.ignore_patterns("run.yaml", "__pycache__"))
     log = opts.out / gpu / "logs" / f"{sub.run_id}.prebuild.log"
     return start_prebuild(problem.folder.resolve(), folder, log, sub.solution_sha256() or sub.run_id,
-                          env.get("capability"))
+                          env.get("capability"), cell)
+
+
+def jail_for(opts: EvalOptions) -> Jail:
+    """The sandbox candidate code runs in for this batch: bubblewrap, hiding every folder of ours;
+    without a usable bubblewrap, a usage error unless --unsandboxed."""
+    try:
+        return make_jail(sandboxed=not opts.unsandboxed, device=opts.device,
+                         hide=[opts.deck, opts.out, opts.submissions, opts.deck.parent])
+    except RuntimeError:
+        raise UsageError("candidate code runs in a bubblewrap sandbox, and no usable bubblewrap was found "
+                         "(install it, e.g. `apt-get install bubblewrap`; it needs user namespaces) — or pass "
+                         "--unsandboxed to grade code you trust without one") from None
 
 
 def select_submissions(opts: EvalOptions) -> list[Submission]:
@@ -266,6 +282,9 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
     _console.print(f"grading {len(subs)} submissions on {env['device_name']} → {opts.out / gpu}")
     upsert(table_path(opts.out, gpu, "hardware"), "hardware", [_hardware_row(opts.out, gpu, spec, env)])
     prebuild = opts.device == "cuda" if opts.prebuild is None else opts.prebuild
+    cell = jail_for(opts)
+    if cell.bwrap is None:
+        _console.print("[yellow]--unsandboxed: candidate code runs without bubblewrap; rows say so[/]")
     rows = []
     with gpu_lock(gpu), tempfile.TemporaryDirectory(prefix="kernelboard-") as tmp, Progress(
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -290,13 +309,13 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
                 nxt = gradeable.index(sub.run_id) + 1
                 if prebuild and nxt < len(gradeable):
                     nsub, nproblem = next((s, p) for s, p in queue if s.run_id == gradeable[nxt])
-                    prebuilds[nsub.run_id] = _prebuild(opts, gpu, nproblem, nsub, env, scratch)  # type: ignore[arg-type]
+                    prebuilds[nsub.run_id] = _prebuild(opts, gpu, nproblem, nsub, env, scratch, cell)  # type: ignore[arg-type]
                 if sub.run_id in prebuilds:
                     finish_prebuild(prebuilds.pop(sub.run_id), opts.build_timeout_s)
                 if problem.name not in baselines:
                     baselines[problem.name] = ensure_baselines(opts, gpu, problem, env, scratch)
             row = grade_submission(opts, gpu, spec, problem, sub, env, baselines.get(sub.problem, {}), scratch,
-                                   driver, functools.partial(_show_phase, progress, task, sub.run_id))
+                                   driver, functools.partial(_show_phase, progress, task, sub.run_id), cell)
             score = f" {row['speedup_vs_compile']:.2f}× vs compile" if row["speedup_vs_compile"] else ""
             progress.console.print(f"  {sub.run_id}: {row['status']}{score} — {row['message']}")
             rows.append(row)

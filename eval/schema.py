@@ -118,6 +118,9 @@ RESULTS = _schema(
     # Why a graded run takes no board cell (None: it competes). Only an importer sets it, to mirror
     # another grader's curation (a run that grader graded but keeps off its board, with its reason).
     _f("off_board", pa.string()),
+    # What confined the candidate's code while it was graded (eval/jail.py), or "unsandboxed (…)";
+    # null for rows graded before the sandbox existed and for rows no grader of ours measured.
+    _f("sandbox", pa.string()),
 )
 
 SHAPES = _schema(
@@ -186,7 +189,7 @@ HARDWARE = _schema(
 
 #: Nullable columns added to schema version 1 after files were written: a file without one reads as
 #: all nulls (the column's meaning for rows written before it existed).
-ADDED_COLUMNS: dict[str, tuple[str, ...]] = {"results": ("off_board",)}
+ADDED_COLUMNS: dict[str, tuple[str, ...]] = {"results": ("off_board", "sandbox")}
 
 #: Table name -> (schema, key columns). A key identifies a row; rewriting a key replaces the row.
 TABLES: dict[str, tuple[pa.Schema, tuple[str, ...]]] = {

@@ -92,7 +92,7 @@ def result_row(*, run_id: str, gpu: str, status: str, message: str, shapes: list
         "triton_version": env.get("triton_version"), "python_version": env.get("python_version"),
         "graded_at": graded_at, "grader_version": grader_version, "measured_by": f"kernelboard {grader_version}",
         "seeds": seeds,
-        "grade_seconds": grade_seconds, "log_path": log_path,
+        "grade_seconds": grade_seconds, "log_path": log_path, "sandbox": None,
     }
     if status != "pass":
         return row

@@ -3,15 +3,15 @@ schedule.py through sandbox.py, grades one submission (or times one problem's ba
 writes one JSON result atomically to the job's `result_path`.
 
 To grade, it first starts the runner (runner.py), the one process that imports and runs candidate
-code, with multiprocessing's spawn context — before it imports torch itself, so that the two
-interpreters boot side by side — and then the judge (judge.py) grades through it (link.py). The
+code, as `python -m kernelboard.eval.runner` inside the job's sandbox (jail.py: bubblewrap, limits) —
+before it imports torch itself, so that the two interpreters boot side by side — and then the judge
+(judge.py) grades through it (link.py). The
 runner's process group is killed before the result is written: the result is written last, over
 anything the runner put at that path (a forged pass followed by `os._exit`, say). This module
-stays light (no torch at import), since the spawned runner imports it again as its main module.
+stays light (no torch at import).
 
-The spawn context is the standard library's, which `torch.multiprocessing` re-exports: its tensor
-reductions are not used on purpose. Nothing the runner sends is unpickled (protocol.py), and
-inputs reach the runner through a memfd arena rather than pickled shared-memory tensors.
+The runner inherits one end of a socket pair and nothing else of the judge's; nothing it sends is
+unpickled (protocol.py), and inputs reach it through a memfd arena passed over that socket.
 
 A crash, hang or `os._exit` of this process ends it without a result; the parent turns that into
 a status. Speedups and roofline fractions are computed by the parent, not here.
@@ -19,40 +19,66 @@ a status. Speedups and roofline fractions are computed by the parent, not here.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import multiprocessing
 import os
+import shutil
 import socket
+import subprocess
 import sys
 import traceback
-from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
+from . import jail
 from .atomic import write_text_atomic
 from .failure import Failure, one_line
 from .phases import Phases
 
 
-def _run_runner(sock: socket.socket, setup: dict[str, Any]) -> None:
-    """The runner process's entry: torch and the candidate's code are imported there only."""
-    from .runner import serve
+class RunnerProcess:
+    """The runner as the judge holds it: a process (bwrap's, when sandboxed) with the pid, kill,
+    join and exit code that link.py uses; its cgroup is removed once it is reaped."""
 
-    serve(sock, setup)
+    def __init__(self, confined: jail.Confined) -> None:
+        self.confined, self.pid = confined, confined.proc.pid
+        self.sandboxed = confined.cgroup is not None or confined.description != jail.UNSANDBOXED
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.confined.proc.kill()
+
+    def join(self, timeout: float | None = None) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.confined.proc.wait(timeout=timeout)
+        if self.confined.proc.returncode is not None:
+            self.confined.release()
+
+    @property
+    def exitcode(self) -> int | None:
+        code = self.confined.proc.poll()
+        if code is not None and self.sandboxed and code > 128:  # bwrap reports a signal as 128 + its number
+            return -(code - 128)
+        return code
 
 
-def start_runner(job: dict[str, Any]) -> tuple[BaseProcess, socket.socket]:
-    """Spawn the runner for a grading job; returns it and the judge's end of its socket. It
-    imports nothing of the candidate's until the judge asks."""
-    os.environ["PYTHONSAFEPATH"] = "1"  # its interpreter starts without the cwd (the submission) on sys.path
+def start_runner(job: dict[str, Any]) -> tuple[RunnerProcess, socket.socket]:
+    """Start the runner for a grading job in the job's jail; returns it and the judge's end of its
+    socket. It gets a private copy of the problem folder (the decks are hidden from it) and imports
+    nothing of the candidate's until the judge asks."""
+    solution_dir = Path(job["solution_dir"])
+    problem = solution_dir.parent / f"{solution_dir.name}.problem" / Path(job["problem_path"]).name
+    if not problem.exists():
+        shutil.copytree(job["problem_path"], problem, ignore=shutil.ignore_patterns("__pycache__"))
     mine, theirs = socket.socketpair()
-    setup = {"problem_path": job["problem_path"], "device": job["device"], "solution_dir": job["solution_dir"],
-             "rep_ms": job.get("rep_ms"), "judge_pid": os.getpid()}
-    proc = multiprocessing.get_context("spawn").Process(target=_run_runner, args=(theirs, setup),
-                                                        name="kernelboard-runner")
-    proc.start()
+    setup = {"problem_path": str(problem), "device": job["device"], "solution_dir": str(solution_dir),
+             "rep_ms": job.get("rep_ms"), "parent_pid": os.getpid() if not job.get("jail") else None}
+    command = [sys.executable, "-m", "kernelboard.eval.runner", str(theirs.fileno()), json.dumps(setup)]
+    confined = jail.start(jail.Jail.from_job(job.get("jail")), command, writable=[solution_dir, *job.get("caches", [])],
+                          cwd=solution_dir, env={**os.environ, "PYTHONSAFEPATH": "1"}, device=job["device"],
+                          readable=[problem], pass_fds=(theirs.fileno(),))
     theirs.close()  # only the runner holds that end now: its death is an end of stream here
-    return proc, mine
+    return RunnerProcess(confined), mine
 
 
 def _write_result(path: Path, result: dict[str, Any]) -> None:
@@ -65,8 +91,14 @@ def main(argv: list[str]) -> int:
         return 2
     job = json.loads(Path(argv[0]).read_text())
     result_path = Path(job["result_path"])
-    started = start_runner(job) if job["kind"] == "grade" else None
     result: dict[str, Any] = {}
+    try:
+        started = start_runner(job) if job["kind"] == "grade" else None
+    except (OSError, ValueError) as exc:  # the sandbox could not be made: the grader's problem, not the kernel's
+        traceback.print_exc()
+        _write_result(result_path, {"status": "not_graded", "message": f"could not start the runner's sandbox: "
+                                                                       f"{one_line(type(exc).__name__, str(exc))}"})
+        return 0
     phases = Phases(job, result)
     link = None
     try:
@@ -96,6 +128,9 @@ def main(argv: list[str]) -> int:
             link.close()  # the runner and all it started, before the result is written
         elif started is not None:
             started[0].kill()
+            started[0].join(timeout=10)
+    if started is not None:
+        result["sandbox"] = started[0].confined.description
     print(f"[worker] {result.get('status')}: {result.get('message')}", flush=True)
     _write_result(result_path, result)
     sys.stdout.flush()

@@ -57,6 +57,9 @@ def main() -> None:
               type=click.Choice(["compile:max-autotune"]),
               help="Do not measure this baseline variant (max-autotune can take minutes a problem); the "
                    "headline is then the fastest variant measured, and the tables show which one it was.")
+@click.option("--unsandboxed", is_flag=True,
+              help="Grade without the bubblewrap sandbox where it is not available (each row then says so). "
+                   "Only for code you trust: a solution could read or rewrite anything this user can.")
 @click.option("--gpus", default=None, metavar="LIST",
               help="Grade on these CUDA devices at once (e.g. 0,1): one grader process per GPU, problems "
                    "spread across them, results merged into --out.")

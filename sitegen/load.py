@@ -167,6 +167,7 @@ class Result:
     grade_seconds: float | None
     log_path: str | None
     off_board: str | None = None  # why it takes no board cell (an imported grader's curation)
+    sandbox: str | None = None  # what confined the candidate while it was graded (eval/jail.py)
     shapes: tuple[ShapeResult, ...] = ()
 
     @property

@@ -1,0 +1,286 @@
+"""The sandbox around every process that runs candidate code: bubblewrap, plus resource limits.
+
+The runner (and the prebuild that imports a solution early) starts as
+`bwrap … python -m kernelboard.eval.runner …` with its own mount, PID, network, IPC, UTS, user and
+cgroup namespaces (`--unshare-all`), a new session, and `--die-with-parent` (when the judge dies,
+the namespace's init dies and the kernel kills everything left in it, `setsid` escapees included).
+Inside it sees:
+
+- read-only: the system (`/usr`, `/etc`, `/opt`, `/sys`), the Python installation and the grader's
+  own package folders — with the decks folder inside them replaced by an empty tmpfs;
+- read-write: its scratch copy of the submission and that solution's compile caches, nothing else;
+- its own `/proc` (no other process of ours is visible), a minimal `/dev` plus, on a GPU, the
+  `/dev/nvidia*` device nodes; a private `/tmp`; no network interface but loopback;
+- a scrubbed environment (`JAIL_ENV`): no secret of the grader's environment reaches it.
+
+Not visible: `--out`, `data/`, the deck folders (the runner gets a private copy of its problem),
+other submissions, the judge's job file, result file and `/proc` entries. Limits, applied before
+`bwrap` starts so that everything inside inherits them: file size, open files, core dumps; process
+count and memory through a cgroup (v2, or v1's `pids` and `memory` controllers) where this machine
+lets us make one, else `RLIMIT_NPROC` (not enforced for root) and `RLIMIT_DATA` on the CPU. What was
+in force is written into each result row (`sandbox`), so a reader sees how a number was obtained.
+
+Where bubblewrap is missing or namespaces are not allowed, `kernelboard eval` refuses to grade
+unless `--unsandboxed` is given; such rows say "unsandboxed".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: The `sandbox` column of a row graded without one.
+UNSANDBOXED = "unsandboxed (--unsandboxed): candidate code ran as the grader's user, with its view of the machine"
+
+#: Environment variables a sandboxed process may see (everything else is dropped, secrets included).
+JAIL_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH",
+            "PYTHONPATH", "TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "PYTHONDONTWRITEBYTECODE",
+            "PYTHONUNBUFFERED", "PYTHONSAFEPATH", "TRITON_INTERPRET", "TORCH_CUDA_ARCH_LIST", "CUTLASS_PATH",
+            "CPLUS_INCLUDE_PATH", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "OMP_NUM_THREADS",
+            "MKL_NUM_THREADS")
+
+#: System folders shown read-only (those that exist; a symlink such as /bin -> usr/bin is recreated).
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt", "/sys")
+
+#: Limits of one sandboxed process tree.
+MAX_PROCESSES = 1024  # compilers (nvcc, ninja -j) start many; a fork bomb stops here
+MAX_FILE_BYTES = 8 << 30  # one file the candidate writes (compiled extensions are MBs)
+MAX_OPEN_FILES = 8192
+MEMORY_SHARE = 0.5  # of this machine's RAM, for the whole tree (inputs live in the judge's memfd)
+
+
+@dataclass(frozen=True)
+class Jail:
+    """How one sandboxed process is confined: decided by the trusted parent, JSON in the job."""
+
+    bwrap: str | None  # the bwrap binary; None = unsandboxed (--unsandboxed)
+    version: str = ""
+    readonly: tuple[str, ...] = ()  # host folders shown read-only at the same path
+    hidden: tuple[str, ...] = ()  # folders inside those replaced by an empty tmpfs
+    devices: tuple[str, ...] = ()  # device nodes bound in (GPU)
+    memory_bytes: int = 0
+    notes: tuple[str, ...] = field(default=())
+
+    def to_job(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_job(cls, data: Mapping[str, Any] | None) -> Jail:
+        if not data:
+            return cls(None)
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+@functools.cache
+def find_bwrap() -> tuple[str, str] | None:
+    """(path, version) of a bubblewrap that can make the namespaces here, or None."""
+    path = shutil.which("bwrap")
+    if path is None:
+        return None
+    try:
+        version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout.split()
+        probe = subprocess.run([path, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc",
+                                "--dev", "/dev", "true"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (path, version[-1] if version else "?") if probe.returncode == 0 else None
+
+
+def _package_folders() -> list[str]:
+    """The grader's own code (the kernelboard packages) and the Python installation running it."""
+    import kernelboard
+    import kernelboard.eval
+
+    folders = {str(Path(p).resolve()) for mod in (kernelboard, kernelboard.eval) for p in mod.__path__}
+    folders |= {str(Path(p).resolve()) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    folders.add(str(Path(sys.executable).resolve().parent.parent))
+    folders |= {str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    folders |= {str(Path(p).resolve()) for p in sys.path if p and Path(p).is_dir() and "site-packages" in p}
+    return sorted(folders)
+
+
+def _total_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def make_jail(*, sandboxed: bool, device: str, hide: Iterable[Path]) -> Jail:
+    """The jail for this grading run (parent side): what is shown, hidden and bound; `hide` are the
+    folders of ours that must stay invisible (decks, --out, data, submissions) where they fall under
+    a folder that is shown."""
+    if not sandboxed:
+        return Jail(None)
+    found = find_bwrap()
+    if found is None:
+        raise RuntimeError("no usable bubblewrap")
+    shown = [p for p in SYSTEM_PATHS if os.path.lexists(p)] + _package_folders()
+    hidden = sorted({str(Path(h).resolve()) for h in hide
+                     if any(str(Path(h).resolve()).startswith(s.rstrip("/") + "/") for s in shown)})
+    devices = tuple(sorted(str(p) for p in Path("/dev").glob("nvidia*"))) if device == "cuda" else ()
+    memory = int(_total_memory() * MEMORY_SHARE)
+    return Jail(found[0], found[1], tuple(dict.fromkeys(shown)), tuple(hidden), devices, memory)
+
+
+def bwrap_argv(jail: Jail, *, writable: Iterable[Path], readable: Iterable[Path] = (), cwd: Path) -> list[str]:
+    """The bwrap command line for `jail`: the candidate's `writable` folders bound read-write, and
+    `readable` ones (its private copy of the problem) read-only."""
+    assert jail.bwrap is not None
+    argv = [jail.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--proc", "/proc", "--dev", "/dev",
+            "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+    for path in jail.readonly:
+        if os.path.islink(path) and path.count("/") == 1:  # /bin -> usr/bin on merged-/usr systems
+            argv += ["--symlink", os.readlink(path), path]
+        else:
+            argv += ["--ro-bind-try", path, path]
+    for path in jail.hidden:
+        argv += ["--tmpfs", path]
+    for path in writable:
+        argv += ["--bind", str(path), str(path)]
+    for path in readable:
+        argv += ["--ro-bind", str(path), str(path)]
+    for dev in jail.devices:
+        argv += ["--dev-bind-try", dev, dev]
+    return [*argv, "--chdir", str(cwd), "--"]
+
+
+def scrubbed_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Only the variables in JAIL_ENV, and a HOME that is the sandbox's private /tmp."""
+    return {**{k: v for k, v in env.items() if k in JAIL_ENV}, "HOME": "/tmp"}
+
+
+@dataclass
+class Cgroup:
+    """A cgroup of our own for one sandboxed tree (v2, or v1's pids and memory controllers)."""
+
+    procs: list[Path]  # the cgroup.procs files a process joins
+    folders: list[Path]
+    notes: list[str]
+
+    def remove(self) -> None:
+        for folder in reversed(self.folders):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+def _own_cgroup(controller: str) -> str | None:
+    """This process's cgroup path for a v1 controller ('' for v2), from /proc/self/cgroup."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, names, path = line.split(":", 2)
+        if names.split(",") == [controller] or (controller == "" and names == ""):
+            return path
+    return None
+
+
+def make_cgroup(memory_bytes: int) -> Cgroup | None:
+    """A fresh cgroup limiting process count and memory, or None where we may not make one."""
+    name = f"kernelboard-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    root = Path("/sys/fs/cgroup")
+    made = Cgroup([], [], [])
+    try:
+        if (root / "cgroup.controllers").is_file():  # v2, unified
+            folder = root / (_own_cgroup("") or "/").lstrip("/") / name
+            folder.mkdir()
+            made.folders.append(folder)
+            (folder / "pids.max").write_text(str(MAX_PROCESSES))
+            (folder / "memory.max").write_text(str(memory_bytes))
+            made.procs.append(folder / "cgroup.procs")
+            made.notes.append(f"processes ≤ {MAX_PROCESSES}, memory ≤ {memory_bytes >> 30} GiB (cgroup v2)")
+            return made
+        for controller, limit_file, value in (("pids", "pids.max", MAX_PROCESSES),
+                                              ("memory", "memory.limit_in_bytes", memory_bytes)):
+            own = _own_cgroup(controller)
+            if own is None or not (root / controller).is_dir():
+                continue
+            folder = root / controller / own.lstrip("/") / name
+            folder.mkdir()
+            made.folders.append(folder)
+            (folder / limit_file).write_text(str(value))
+            made.procs.append(folder / "cgroup.procs")
+        if not made.procs:
+            return None
+        made.notes.append(f"processes ≤ {MAX_PROCESSES}, memory ≤ {memory_bytes >> 30} GiB (cgroup v1)")
+        return made
+    except OSError:
+        made.remove()
+        return None
+
+
+def confine(jail: Jail, cgroup: Cgroup | None, device: str) -> None:
+    """In the child, before exec (a `preexec_fn`): join the cgroup and set the rlimits."""
+    for procs in cgroup.procs if cgroup else ():
+        procs.write_text(str(os.getpid()))
+    limits = [(resource.RLIMIT_FSIZE, MAX_FILE_BYTES), (resource.RLIMIT_NOFILE, MAX_OPEN_FILES),
+              (resource.RLIMIT_CORE, 0)]
+    if cgroup is None:
+        limits.append((resource.RLIMIT_NPROC, MAX_PROCESSES + _processes_of_user()))
+        if device == "cpu" and jail.memory_bytes:
+            limits.append((resource.RLIMIT_DATA, jail.memory_bytes))
+    for which, value in limits:
+        _, hard = resource.getrlimit(which)
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(which, (value, value))
+
+
+def _processes_of_user() -> int:
+    """Processes this user runs now (RLIMIT_NPROC counts them all, not only the sandbox's)."""
+    uid = os.getuid()
+    count = 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                count += entry.stat().st_uid == uid
+    return count
+
+
+def limit_notes(jail: Jail, cgroup: Cgroup | None, device: str) -> list[str]:
+    """What `confine` puts in force, for the result row."""
+    notes = list(cgroup.notes) if cgroup else [
+        "processes ≤ " + (f"{MAX_PROCESSES} more (RLIMIT_NPROC)" if os.getuid() != 0
+                          else "unlimited (root: RLIMIT_NPROC is not enforced and no cgroup could be made)"),
+        f"memory ≤ {jail.memory_bytes >> 30} GiB (RLIMIT_DATA)" if device == "cpu" else "memory unlimited (GPU)"]
+    return [*notes, f"files ≤ {MAX_FILE_BYTES >> 30} GiB each", "no network"]
+
+
+@dataclass
+class Confined:
+    """A sandboxed process tree as started: its Popen, its cgroup (removed by `release`)."""
+
+    proc: subprocess.Popen[bytes]
+    cgroup: Cgroup | None
+    description: str
+
+    def release(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.remove()
+
+
+def start(jail: Jail, command: list[str], *, writable: Iterable[Path], cwd: Path, env: Mapping[str, str],
+          device: str, readable: Iterable[Path] = (), pass_fds: tuple[int, ...] = (), **popen: Any) -> Confined:
+    """Start `command` in `jail` (or plainly, unsandboxed), in a new process group."""
+    writable = [Path(w) for w in writable]
+    for folder in writable:
+        folder.mkdir(parents=True, exist_ok=True)
+    if jail.bwrap is None:
+        proc = subprocess.Popen(command, cwd=cwd, env=dict(env), pass_fds=pass_fds, start_new_session=True,
+                                **popen)
+        return Confined(proc, None, UNSANDBOXED)
+    cgroup = make_cgroup(jail.memory_bytes)
+    argv = bwrap_argv(jail, writable=writable, readable=readable, cwd=cwd) + command
+    proc = subprocess.Popen(argv, cwd=cwd, env=scrubbed_env(env), pass_fds=pass_fds, start_new_session=True,
+                            preexec_fn=functools.partial(confine, jail, cgroup, device), **popen)
+    notes = limit_notes(jail, cgroup, device)
+    return Confined(proc, cgroup, f"bubblewrap {jail.version}: own mount, pid, net, ipc, uts namespaces; "
+                                  f"read-only system, sees only its scratch copy; {'; '.join(notes)}")
