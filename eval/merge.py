@@ -5,7 +5,14 @@ whole (its results row, its shape rows, its runs row and its log) by `graded_at`
 by `measured_at`, a hardware row by the time of its calibration. So folders can be merged in any
 order, and a stale copy never overwrites a fresh grading. Both folders are validated before
 anything is written and the merged tables after; each table is replaced atomically, results
-last, so an interruption never leaves a result whose run or shape rows are missing.
+last, so an interruption never leaves a result whose run or shape rows are missing. Shape rows
+follow their result: those of a run whose winning result has none (a failure, or a result the
+shapes lost to) are removed, and so are shape rows with no result at all (left by an old,
+interrupted grading).
+
+The merge holds the destination's lock (`tables.results_lock`) from its first read to its last
+write, and reads the source under the source's lock, so an eval writing either folder meanwhile
+loses nothing; journal entries a killed eval left in either folder are finished first.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from typing import Any
 from kernelboard.errors import UsageError
 
 from .schema import TABLES
-from .tables import load_all, read_table, rows_to_table, table_path, write_atomic
+from .tables import finish_pending, load_all, read_table, results_lock, rows_to_table, table_path, write_atomic
 
 #: Write order: a results row lands only after the run and shape rows it refers to.
 _ORDER = ("runs", "shapes", "baselines", "hardware", "results")
@@ -56,15 +63,21 @@ def _newer_rows(src: list[dict], dst: list[dict], key: tuple[str, ...], stamp: s
     return list(merged.values()), taken
 
 
-def _merge_gpu(src: Path, dst: Path, gpu: str, report: dict[str, Counter]) -> tuple[dict[str, list[dict]], set[str]]:
-    """The merged tables of one GPU folder, and the run_ids whose grading came from `src`."""
+def _merge_gpu(theirs: dict[str, list[dict]], dst: Path, gpu: str,
+               report: dict[str, Counter]) -> tuple[dict[str, list[dict]], set[str]]:
+    """The merged tables of one GPU folder (`theirs`: the source's rows), and the run_ids whose
+    grading came from the source."""
     tables = {name: _rows(dst, gpu, name) for name in _ORDER}
-    theirs = {name: _rows(src, gpu, name) for name in _ORDER}
     tables["results"], taken = _newer_rows(theirs["results"], tables["results"], TABLES["results"][1],
                                            "graded_at", report["results"])
     won = {run_id for run_id, _ in taken}  # a run moves as a whole: its shapes and runs row follow
     tables["shapes"] = [r for r in tables["shapes"] if r["run_id"] not in won] + \
         [r for r in theirs["shapes"] if r["run_id"] in won]
+    with_shapes = {r["run_id"] for r in tables["results"] if r["n_shapes"]}
+    dropped = [r for r in tables["shapes"] if r["run_id"] not in with_shapes]
+    if dropped:  # the winning result has no shapes, or there is no result at all
+        report["shapes"]["removed"] += len(dropped)
+        tables["shapes"] = [r for r in tables["shapes"] if r["run_id"] in with_shapes]
     known = {r["run_id"] for r in tables["runs"]}
     incoming = [r for r in theirs["runs"] if r["run_id"] in won or r["run_id"] not in known]
     replaced = {r["run_id"] for r in incoming}
@@ -117,12 +130,21 @@ def merge_results(src: Path, dst: Path) -> dict[str, Counter]:
         raise UsageError(f"{src}: this is one GPU's folder; merge the results folder that holds it ({src.parent})")
     if not has_tables(src):
         raise UsageError(f"{src}: no results tables in <gpu>/ folders here (e.g. {src / 'h200' / 'results.parquet'})")
-    load_all(src)  # every table of both sides valid before anything is written
-    if dst.exists():
+    with results_lock(src, f"kernelboard eval merge reading {src}"):
+        finish_pending(src)
+        load_all(src)  # every table of both sides valid before anything is written
+        gpus = sorted(p.name for p in src.iterdir() if p.is_dir() and not p.name.startswith("."))
+        theirs = {gpu: {name: _rows(src, gpu, name) for name in _ORDER} for gpu in gpus}
+    with results_lock(dst, f"kernelboard eval merge writing {dst}"):
+        finish_pending(dst)
+        return _merge_into(src, dst, theirs)
+
+
+def _merge_into(src: Path, dst: Path, theirs: dict[str, dict[str, list[dict]]]) -> dict[str, Counter]:
+    if has_tables(dst):
         load_all(dst)
-    report: dict[str, Counter] = {name: Counter() for name in ("results", "baselines", "hardware")}
-    gpus = sorted(p.name for p in src.iterdir() if p.is_dir())
-    merged = {gpu: _merge_gpu(src, dst, gpu, report) for gpu in gpus}
+    report: dict[str, Counter] = {name: Counter() for name in ("results", "shapes", "baselines", "hardware")}
+    merged = {gpu: _merge_gpu(rows, dst, gpu, report) for gpu, rows in theirs.items()}
     with tempfile.TemporaryDirectory(prefix="kernelboard-merge-") as tmp:
         staged = Path(tmp) / "results"
         if dst.exists():
@@ -133,7 +155,7 @@ def merge_results(src: Path, dst: Path) -> dict[str, Counter]:
         written = {}
         for gpu, (tables, _) in merged.items():
             for name in _ORDER:
-                if tables[name]:
+                if tables[name] or table_path(dst, gpu, name).exists():
                     table = rows_to_table(name, tables[name]).sort_by([(k, "ascending") for k in TABLES[name][1]])
                     write_atomic(table, table_path(staged, gpu, name))
                     written[gpu, name] = table

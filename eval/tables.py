@@ -2,15 +2,27 @@
 
 Validation collects every problem in a table and raises one `DataError` whose lines each name
 the file, the row and the field. Writes go to a temporary file beside the target, then
-`os.replace` — an interrupted run leaves the previous table whole.
+`os.replace` — an interrupted run leaves the previous table whole; a write that fails (a full
+disk, a read-only folder) is one line naming the file, and leaves no temporary file.
+
+Every read-modify-write of a results folder (`upsert`, `eval merge`, an import) holds that
+folder's lock (`results_lock`), so two writers on one folder queue instead of losing each
+other's rows. Rows that belong together (a graded run's shapes, runs and results rows) are
+written through a journal (`upsert_together`): a process killed half-way leaves a complete entry
+that the next writer of the folder finishes (`finish_pending`), so no result ever lacks its shape
+rows and no shape rows are left without their result.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import math
 import os
+import shutil
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +30,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from kernelboard.errors import DataError
+from kernelboard.errors import DataError, KernelboardError
 
+from .locks import hold, lock_dir
 from .schema import ADDED_COLUMNS, DNF_OUTCOMES, ENUMS, SCHEMA_VERSION, TABLES
 
 _POSITIVE_TIMES = ("median_ms", "p10_ms", "p90_ms", "min_ms")
+#: Columns of the runs table that count something an agent spent: never negative, NaN or infinite.
+_SPENT = ("agent_seconds", "cost_usd", "input_tokens", "output_tokens", "cache_read_tokens")
 
 #: `measured_by` of rows an importer read from another grader ("KernelBench-Hard (imported)").
 IMPORTED_SUFFIX = "(imported)"
@@ -30,6 +45,21 @@ IMPORTED_SUFFIX = "(imported)"
 
 def table_path(results_dir: Path, gpu: str, name: str) -> Path:
     return results_dir / gpu / f"{name}.parquet"
+
+
+def results_lock_path(results_dir: Path) -> Path:
+    """The lock file of one results folder: in `locks.lock_dir()`, named by a hash of the folder's real
+    path, so the folder itself (committed data, fingerprinted by the site) never changes for it."""
+    key = hashlib.sha256(os.fsencode(os.path.realpath(results_dir))).hexdigest()[:16]
+    return lock_dir() / f"kernelboard-results-{key}.lock"
+
+
+@contextlib.contextmanager
+def results_lock(results_dir: Path, what: str) -> Iterator[None]:
+    """Hold the write lock of one results folder for the block: every writer of that folder reads,
+    merges and writes its tables under it. Says on stderr what it waits for."""
+    with hold(results_lock_path(results_dir), what):
+        yield
 
 
 def _row_label(name: str, i: int, row: Mapping[str, Any]) -> str:
@@ -81,6 +111,11 @@ def _check_row(name: str, row: Mapping[str, Any]) -> list[tuple[str, str]]:
         value = row.get(column)
         if column in row and value is not None and not _finite_positive(value):
             bad.append((column, f"a time must be a positive finite number of ms, got {value!r}"))
+    if name == "runs":
+        for column in _SPENT:
+            value = row.get(column)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                bad.append((column, f"expected a finite number that is not negative, got {value!r}"))
     if name == "results":
         bad.extend(_check_result_score(row))
     return bad
@@ -160,17 +195,23 @@ def rows_to_table(name: str, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
 
 def write_atomic(table: pa.Table, path: Path) -> None:
     """Write a parquet file so that readers see the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    os.chmod(tmp, 0o644)  # mkstemp makes 0600; published tables are world-readable
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise KernelboardError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    try:
+        os.close(fd)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; published tables are world-readable
         pq.write_table(table, tmp, compression="zstd")
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):  # pyarrow's IO errors are OSErrors too
+            raise KernelboardError(f"{path}: cannot write ({exc.strerror or exc}); the previous table is "
+                                   "unchanged") from None
         raise
 
 
@@ -185,7 +226,14 @@ def upsert(path: Path, name: str, rows: Iterable[Mapping[str, Any]],
     problems = validate(name, new, f"{path} (new rows)")
     if problems:
         raise DataError(problems)
+    with results_lock(path.parent.parent, f"a writer of {path.name}"):
+        return _upsert_locked(path, name, new, replace_matching)
+
+
+def _upsert_locked(path: Path, name: str, new: pa.Table, replace_matching: Mapping[str, Any] | None) -> pa.Table:
     keys = TABLES[name][1]
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a writer killed mid-write (we hold the lock)
+        stale.unlink(missing_ok=True)
     if path.exists():
         old = read_table(path, name)
         new_keys = {tuple(r[k] for k in keys) for r in new.select(list(keys)).to_pylist()}
@@ -201,6 +249,72 @@ def upsert(path: Path, name: str, rows: Iterable[Mapping[str, Any]],
     merged = merged.sort_by([(k, "ascending") for k in keys])
     write_atomic(merged, path)
     return merged
+
+
+#: Journal entries of `upsert_together`, one folder each, inside the GPU folder they write to.
+_PENDING = ".pending"
+_MANIFEST = "manifest.json"
+
+
+def upsert_together(results_dir: Path, gpu: str, label: str,
+                    writes: Iterable[tuple[str, Iterable[Mapping[str, Any]], Mapping[str, Any] | None]]) -> None:
+    """Upsert rows into several tables of one GPU folder as one change: every table or, after a
+    kill, every table once the next writer of the folder has run (`finish_pending`).
+
+    `writes` is (table name, rows, replace_matching) in the order they are applied. The rows are
+    validated, written whole into a journal entry `<gpu>/.pending/<label>/` whose manifest is
+    written last (the commit point), applied, and the entry removed.
+    """
+    staged = []
+    for name, rows, match in writes:
+        table = rows_to_table(name, rows)
+        problems = validate(name, table, f"{table_path(results_dir, gpu, name)} (new rows)")
+        if problems:
+            raise DataError(problems)
+        staged.append((name, table, dict(match or {})))
+    with results_lock(results_dir, f"a writer of {results_dir / gpu} ({label})"):
+        finish_pending(results_dir)
+        entry = results_dir / gpu / _PENDING / label
+        if entry.exists():
+            shutil.rmtree(entry)
+        for i, (_, table, _) in enumerate(staged):
+            write_atomic(table, entry / f"{i}.parquet")
+        manifest = [{"name": name, "replace_matching": match} for name, _, match in staged]
+        _write_text_atomic(entry / _MANIFEST, json.dumps(manifest, sort_keys=True))
+        _apply(results_dir, gpu, entry)
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise KernelboardError(f"{path}: cannot write ({exc.strerror or exc})") from None
+
+
+def _apply(results_dir: Path, gpu: str, entry: Path) -> None:
+    manifest = json.loads((entry / _MANIFEST).read_text())
+    for i, step in enumerate(manifest):
+        name = step["name"]
+        rows = read_table(entry / f"{i}.parquet", name)
+        _upsert_locked(table_path(results_dir, gpu, name), name, rows, step["replace_matching"] or None)
+    shutil.rmtree(entry)
+
+
+def finish_pending(results_dir: Path) -> list[str]:
+    """Finish the journal entries a killed writer left in `results_dir` (entries without their
+    manifest were never applied and are dropped); returns the labels finished."""
+    finished = []
+    with results_lock(results_dir, f"a writer of {results_dir}"):
+        for entry in sorted(results_dir.glob(f"*/{_PENDING}/*")):
+            if (entry / _MANIFEST).is_file():
+                _apply(results_dir, entry.parent.parent.name, entry)
+                finished.append(entry.name)
+            else:
+                shutil.rmtree(entry, ignore_errors=True)
+    return finished
 
 
 def load_all(results_dir: Path) -> dict[str, pa.Table]:

@@ -16,7 +16,7 @@ import pyarrow as pa
 from kernelboard.errors import DataError
 from kernelboard.eval.hardware import GpuSpec
 from kernelboard.eval.schema import TABLES
-from kernelboard.eval.tables import read_table, rows_to_table, table_path, validate, write_atomic
+from kernelboard.eval.tables import read_table, results_lock, rows_to_table, table_path, validate, write_atomic
 
 _MEASURED = ("measured_copy_gb_s", "measured_bf16_tflop_s", "measured_fp8_tflop_s", "measured_at")
 
@@ -27,6 +27,11 @@ def merge_rows(path: Path, name: str, rows: list[Mapping[str, Any]], drop_runs: 
     problems = validate(name, new, f"{path} (new rows)")
     if problems:
         raise DataError(problems)
+    with results_lock(path.parent.parent, f"kernelboard import writing {path}"):  # an eval may write it too
+        return _merge_locked(path, name, new, drop_runs)
+
+
+def _merge_locked(path: Path, name: str, new: pa.Table, drop_runs: set[str]) -> bool:
     keys = TABLES[name][1]
     old = read_table(path, name) if path.exists() else new.schema.empty_table()
     new_keys = {tuple(r[k] for k in keys) for r in new.to_pylist()}
