@@ -70,8 +70,11 @@ def fingerprint(data_dir: Path, decks_dir: Path, base_url: str | None) -> str:
              *((f"source:{p.name}", p, None) for p in SOURCE_INPUTS)]
     for group, root, skip in roots:
         for name, path in _files(root, skip):
-            with open(path, "rb") as f:
-                content = f.read()
+            if path.is_symlink():  # hashed as the link, never followed (a loop, or /etc/passwd)
+                content = b"symlink\0" + os.fsencode(os.readlink(path))
+            else:
+                with open(path, "rb") as f:
+                    content = f.read()
             digest.update(f"\0{group}\0{name}\0{len(content)}\0".encode())
             digest.update(content)
     return digest.hexdigest()

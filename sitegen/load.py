@@ -401,7 +401,10 @@ def _read_solutions(submissions_dir: Path, runs: dict[str, Run]) -> dict[str, st
     out, bad = {}, []
     for run in runs.values():
         path = submissions_dir / run.bench / run.run_id / "solution.py"
-        if path.is_file():
+        if path.is_symlink() or path.parent.is_symlink():  # never followed: it could point at /etc/passwd
+            bad.append(f"{path if path.is_symlink() else path.parent}: a symbolic link; a submission's files "
+                       "must be plain files in its folder (links are never followed or published)")
+        elif path.is_file():
             try:
                 out[run.run_id] = path.read_text(encoding="utf-8")
             except UnicodeDecodeError as exc:

@@ -7,7 +7,10 @@ time, so writing is CPU work too. `Workers` forks after the data is loaded and e
 (boards, highlight cache, Jinja environment) is built, so each worker inherits them without pickling
 and only page indices travel; each worker writes the files of its own pages. Nothing is written
 outside the fresh folder `new_folder` makes beside the output, and `swap_in` replaces the previous
-site with one rename, so an interrupted build never leaves a half-written site where one was.
+site with one atomic exchange of the two folders (Linux `renameat2(RENAME_EXCHANGE)`), so a build
+killed at any point — even with -9, even mid-swap — leaves the previous site or the new one at the
+output path, never none and never half of one. Where the filesystem cannot exchange, two renames
+are used and a kill between them leaves the previous site beside the output (`.<out>.old.*`).
 
 A large site's previous copy is not deleted but kept beside the output as a spare (`.<out>.spare`);
 the next build takes it over as its fresh folder (`adopt_spare`), removes what the new site lacks and
@@ -16,6 +19,8 @@ rewrites only the files whose bytes change, so a rebuild creates and deletes alm
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import multiprocessing
 import os
 import shutil
@@ -227,6 +232,25 @@ def _remove(folder: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux renameat2 with RENAME_EXCHANGE); False where the platform or
+    the filesystem cannot, so the caller falls back to two renames."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
 def swap_in(new: Path, out_dir: Path, workers: Workers, *, keep_spare: bool = False) -> None:
     """Move the finished site to `out_dir` in one rename; the previous one is renamed aside first. With
     `keep_spare` (large sites) it stays beside `out_dir` as the spare the next build rewrites in place
@@ -239,6 +263,9 @@ def swap_in(new: Path, out_dir: Path, workers: Workers, *, keep_spare: bool = Fa
     if keep_spare:
         if os.path.lexists(spare):  # not taken over by this build (adopt_spare found none or another)
             shutil.rmtree(spare, ignore_errors=True)
+        if _exchange(new, out_dir):  # `new` now holds the previous site
+            os.rename(new, spare)
+            return
         os.rename(out_dir, spare)
         try:
             os.rename(new, out_dir)
@@ -247,13 +274,16 @@ def swap_in(new: Path, out_dir: Path, workers: Workers, *, keep_spare: bool = Fa
             raise
         return
     old = Path(tempfile.mkdtemp(prefix=_old_prefix(out_dir), dir=out_dir.parent))
-    os.rename(out_dir, old / "site")
-    try:
-        os.rename(new, out_dir)
-    except BaseException:
-        os.rename(old / "site", out_dir)
-        shutil.rmtree(old, ignore_errors=True)
-        raise
+    if _exchange(new, out_dir):  # `new` now holds the previous site; a kill here leaves it for `sweep`
+        os.rename(new, old / "site")
+    else:
+        os.rename(out_dir, old / "site")
+        try:
+            os.rename(new, out_dir)
+        except BaseException:
+            os.rename(old / "site", out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+            raise
     try:
         workers.map(_remove, sorted(_subfolders(old / "site", 2)))
     finally:
@@ -274,17 +304,23 @@ def _old_prefix(out_dir: Path) -> str:
     return f".{out_dir.name}.old."
 
 
+#: A build folder (`new_folder`) untouched this long was left by a killed build, not one still running.
+_NEW_MAX_AGE_S = 3600
+
+
 def sweep(out_dir: Path, min_age_s: float = 600) -> None:
     """Remove previous sites beside `out_dir` whose removal did not finish (the machine stopped, the
     process was killed). One renamed aside less than `min_age_s` ago is left alone: another build's
-    removal of it is most likely still running."""
+    removal of it is most likely still running. Build folders a killed build left (`.<out>.new.*`,
+    untouched for an hour) go too."""
     if not out_dir.parent.is_dir():
         return
-    cutoff = time.time() - min_age_s
-    for leftover in out_dir.parent.glob(_old_prefix(out_dir) + "*"):
-        try:
-            stale = leftover.stat().st_mtime < cutoff
-        except FileNotFoundError:  # its removal just finished
-            continue
-        if stale:
-            shutil.rmtree(leftover, ignore_errors=True)
+    now = time.time()
+    for prefix, age in ((_old_prefix(out_dir), min_age_s), (f".{out_dir.name}.new.", max(min_age_s, _NEW_MAX_AGE_S))):
+        for leftover in out_dir.parent.glob(prefix + "*"):
+            try:
+                stale = leftover.stat().st_mtime < now - age
+            except FileNotFoundError:  # its removal just finished
+                continue
+            if stale and not leftover.is_symlink():
+                shutil.rmtree(leftover, ignore_errors=True)

@@ -110,17 +110,33 @@ def load_annotations(folder: Path) -> dict[str, Annotation]:
         return {}
     found, bad = {}, []
     for path in sorted(folder.iterdir()):
-        if path.suffix not in (".yaml", ".yml") or not path.is_file():
+        if path.suffix not in (".yaml", ".yml"):
+            continue
+        if path.is_symlink():
+            bad.append(f"{path}: a symbolic link; an annotation must be a plain file (links are never followed)")
+            continue
+        if not path.is_file():
             continue
         if not RUN_ID_PATTERN.match(path.stem):
             bad.append(f"{path}: the file name must be a run id (letters, digits, '.', '_', '-')")
             continue
         try:
-            meta = yaml.safe_load(path.read_text(encoding="utf-8"))
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            bad.append(f"{path}: not UTF-8 text (byte {exc.start}); an annotation is YAML text")
+            continue
+        if "\0" in text:
+            bad.append(f"{path}: a binary file (NUL bytes); an annotation is YAML text")
+            continue
+        try:
+            meta = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             line = f" line {mark.line + 1}" if mark is not None else ""
             bad.append(f"{path}:{line} not valid YAML ({getattr(exc, 'problem', None) or exc})")
+            continue
+        except (ValueError, OverflowError, RecursionError) as exc:  # e.g. a date that does not exist
+            bad.append(f"{path}: a value YAML cannot read ({' '.join(str(exc).split())})")
             continue
         problems = check(meta, str(path), path.stem)
         if problems:
