@@ -20,7 +20,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -29,10 +28,11 @@ from typing import Any
 
 from rich.console import Console
 
-from kernelboard.errors import UsageError
+from kernelboard.errors import KernelboardError, UsageError
 
 from . import jail
 from .jail import Jail
+from .locks import hold, lock_dir
 
 _console = Console(stderr=True)
 
@@ -102,6 +102,15 @@ def _read_phase(path: Path) -> str | None:
         return None
 
 
+@contextlib.contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """A file the grader cannot write (a full disk, a read-only folder) is one line naming it."""
+    try:
+        yield
+    except OSError as exc:
+        raise KernelboardError(f"{path}: cannot write ({exc.strerror or exc})") from None
+
+
 def run_worker(job: dict[str, Any], workdir: Path, log_path: Path, timeout_s: float, cache_key: str,
                phase_timeouts: Mapping[str, float] | None = None, arch: str | None = None,
                on_phase: Callable[[str], None] | None = None, log_header: str | None = None) -> WorkerOutcome:
@@ -116,14 +125,17 @@ def run_worker(job: dict[str, Any], workdir: Path, log_path: Path, timeout_s: fl
     job = {**job, "result_path": str(result_path), "phase_path": str(phase_path), "phase_timeouts_s": limits,
            "timeout_s": timeout_s, "started_unix": time.time(), "caches": [str(cache_dir(cache_key))]}
     job_path = workdir.parent / f"{workdir.name}.job.json"
-    job_path.write_text(json.dumps(job, sort_keys=True))
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    phase, phase_start = None, start
-    with open(log_path, "a" if log_header else "w") as log:
+    with _writing(job_path):
+        job_path.write_text(json.dumps(job, sort_keys=True))
+    with _writing(log_path):
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(log_path, "a" if log_header else "w")  # noqa: SIM115 (closed by the with below)
         if log_header:
             log.write(f"{log_header}\n")
             log.flush()
+    start = time.perf_counter()
+    phase, phase_start = None, start
+    with log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "kernelboard.eval.worker", str(job_path)],
             cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -190,17 +202,13 @@ def finish_prebuild(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
 
 @contextlib.contextmanager
 def gpu_lock(gpu: str) -> Iterator[None]:
-    """One grader per device at a time: two `kernelboard eval` processes queue, never overlap."""
-    import fcntl
-
+    """One grader per device at a time: two `kernelboard eval --device cuda` processes on one GPU queue,
+    never overlap. The lock file is `kernelboard-<gpu>-<first visible device>.lock` in `locks.lock_dir()`
+    (`KERNELBOARD_LOCK_DIR`, else the temp folder), and a grader that waits says which process it waits
+    for. Grading on the CPU takes no such lock: nothing it measures is shared machine-wide."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
-    path = Path(tempfile.gettempdir()) / f"kernelboard-{gpu}-{visible}.lock"
-    with open(path, "w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _console.print(f"[yellow]waiting for another kernelboard eval on {gpu} ({path})[/]")
-            fcntl.flock(fh, fcntl.LOCK_EX)
+    path = lock_dir() / f"kernelboard-{gpu}-{visible}.lock"
+    with hold(path, f"kernelboard eval grading on {gpu} (device {visible})"):
         yield
 
 

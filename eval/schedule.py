@@ -4,11 +4,19 @@ The parent never imports torch or candidate code. Each worker is a fresh `python
 kernelboard.eval.worker` in its own process group, working directory (a scratch copy of the
 submission) and torch-extension / Triton caches keyed by the solution's hash; on timeout the
 whole group is killed. Results are written after every submission, atomically, so an
-interrupted batch keeps everything graded before the interruption.
+interrupted batch keeps everything graded before the interruption: a run's shapes, runs and
+results rows go through one journal entry (`tables.upsert_together`), finished by the next batch
+when the process was killed half-way.
+
+Bad input never stops the batch: a malformed submission folder, a stray file beside them or a run
+whose problem is not in the deck is skipped with one line saying why (no row is written for it,
+so nothing reaches the site that it cannot show). Grading on a GPU holds that device's lock;
+grading on the CPU holds none.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import fnmatch
 import functools
@@ -26,7 +34,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from kernelboard.errors import UsageError
+from kernelboard.errors import SubmissionError, UsageError
 
 from .deck import Problem, load_deck
 from .hardware import GPUS, GpuSpec, gpu_key
@@ -36,7 +44,7 @@ from .schema import DNF_OUTCOMES
 from .scoring import best_compile, result_row, shape_rows
 from .settings import BASELINE_VARIANTS, GRADER_VERSION, baseline_reusable
 from .submission import Submission, discover
-from .tables import read_table, table_path, upsert
+from .tables import finish_pending, read_table, table_path, upsert, upsert_together
 
 _console = Console(stderr=True)
 
@@ -172,18 +180,21 @@ def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem:
     common = {"run_id": sub.run_id, "gpu": gpu, "env": env, "timer": _timer(opts.device),
               "grader_version": GRADER_VERSION, "driver_version": driver, "graded_at": _now()}
     outcome = sub.meta["agent_outcome"]
+    shapes: list[dict[str, Any]] = []
     if outcome in DNF_OUTCOMES:
         note = sub.meta.get("outcome_note") or outcome.replace("_", " ")
         row = result_row(status="dnf", message=f"did not finish: {note}", shapes=[], seeds=None,
                          grade_seconds=None, log_path=None, **common)
     elif problem is None:
-        row = result_row(status="not_graded", message=f"problem {sub.problem!r} is not in the deck",
-                         shapes=[], seeds=None, grade_seconds=None, log_path=None, **common)
+        raise UsageError(f"{sub.folder / 'run.yaml'}: key 'problem': {sub.problem!r} is not in the deck")
     elif not problem.shapes_for(opts.device):
         row = result_row(status="not_graded", message=f"{problem.name} has no shapes for --device {opts.device}",
                          shapes=[], seeds=None, grade_seconds=None, log_path=None, **common)
     elif not sub.has_solution:
         row = result_row(status="not_graded", message=f"no solution.py (agent outcome: {outcome})",
+                         shapes=[], seeds=None, grade_seconds=None, log_path=None, **common)
+    elif sub.solution_is_empty:
+        row = result_row(status="build_error", message="solution.py is empty: there is no Model to build",
                          shapes=[], seeds=None, grade_seconds=None, log_path=None, **common)
     else:
         workdir = scratch / sub.run_id
@@ -204,10 +215,11 @@ def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem:
         if row["status"] == "pass":
             variants = {v for idx in baselines if (b := best_compile(baselines[idx])) for v in [b[0]]}
             row["compile_variant"] = ",".join(sorted(variants))
-        upsert(table_path(opts.out, gpu, "shapes"), "shapes", shapes,
-               replace_matching={"run_id": sub.run_id, "gpu": gpu})
-    upsert(table_path(opts.out, gpu, "runs"), "runs", [sub.run_row(problem.bench if problem else "unknown")])
-    upsert(table_path(opts.out, gpu, "results"), "results", [row])
+    upsert_together(opts.out, gpu, sub.run_id, [
+        ("shapes", shapes, {"run_id": sub.run_id, "gpu": gpu}),
+        ("runs", [sub.run_row(problem.bench)], None),
+        ("results", [row], None),
+    ])
     return row
 
 
@@ -233,8 +245,8 @@ def _hardware_row(out: Path, gpu: str, spec: GpuSpec | None, env: dict[str, Any]
 
 
 def _gradeable(opts: EvalOptions, problem: Problem | None, sub: Submission) -> bool:
-    return (problem is not None and sub.has_solution and sub.meta["agent_outcome"] not in DNF_OUTCOMES
-            and bool(problem.shapes_for(opts.device)))
+    return (problem is not None and sub.has_solution and not sub.solution_is_empty
+            and sub.meta["agent_outcome"] not in DNF_OUTCOMES and bool(problem.shapes_for(opts.device)))
 
 
 def _prebuild(opts: EvalOptions, gpu: str, problem: Problem, sub: Submission, env: dict[str, Any],
@@ -258,13 +270,42 @@ def jail_for(opts: EvalOptions) -> Jail:
                          "--unsandboxed to grade code you trust without one") from None
 
 
-def select_submissions(opts: EvalOptions) -> list[Submission]:
-    """The submissions `--only` selects (all without it), sorted by run_id; none is a usage error."""
-    subs = [s for s in discover(opts.submissions)
-            if not opts.only or any(fnmatch.fnmatch(s.run_id, g) for g in opts.only)]
+def select_submissions(opts: EvalOptions, deck_problems: set[str] | None = None) -> list[Submission]:
+    """The submissions `--only` selects (all without it), sorted by run_id. A folder that cannot be
+    read, or (given the deck's problem names) names a problem the deck lacks, is skipped with one
+    line on stderr; when every selected folder is refused that is one error listing them, and when
+    none is selected a usage error."""
+    def chosen(name: str) -> bool:
+        return not opts.only or any(fnmatch.fnmatch(name, g) for g in opts.only)
+
+    found, refused = discover(opts.submissions)
+    refused = [line for line in refused if chosen(_entry_name(opts.submissions, line))]
+    subs = []
+    for sub in found:
+        if not chosen(sub.run_id):
+            continue
+        if deck_problems is not None and sub.problem not in deck_problems:
+            refused.append(f"{sub.folder / 'run.yaml'}: key 'problem': {sub.problem!r} is not in the deck "
+                           f"{opts.deck} (known: {', '.join(sorted(deck_problems))})")
+        else:
+            subs.append(sub)
+    for line in refused:
+        _console.print(f"[yellow]skipped[/] {line}", markup=True, highlight=False, soft_wrap=True)
+    if not subs and refused:
+        raise SubmissionError(refused[0] if len(refused) == 1 else
+                              f"every selected submission was refused ({len(refused)}):\n  " + "\n  ".join(refused))
     if not subs:
         raise UsageError(f"no submissions under {opts.submissions} match {list(opts.only) or 'anything'}")
     return subs
+
+
+def _entry_name(folder: Path, line: str) -> str:
+    """The entry of `folder` a refusal line is about (its first path part below the folder)."""
+    head = line.split(": ", 1)[0]
+    try:
+        return Path(head).relative_to(folder).parts[0]
+    except (ValueError, IndexError):
+        return head
 
 
 def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
@@ -274,19 +315,22 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
     (`--prebuild`, on by default for CUDA): its worker then finds them in the shared cache.
     """
     deck = load_deck(opts.deck)
-    subs = select_submissions(opts)
+    subs = select_submissions(opts, set(deck))
     env = probe_device(opts.device)
     gpu = "cpu" if opts.device == "cpu" else gpu_key(env["device_name"])
     spec = GPUS.get(gpu)
     driver = driver_version() if opts.device == "cuda" else None
     _console.print(f"grading {len(subs)} submissions on {env['device_name']} → {opts.out / gpu}")
+    for run_id in finish_pending(opts.out):
+        _console.print(f"  {run_id}: rows a killed batch had not finished writing, written")
     upsert(table_path(opts.out, gpu, "hardware"), "hardware", [_hardware_row(opts.out, gpu, spec, env)])
     prebuild = opts.device == "cuda" if opts.prebuild is None else opts.prebuild
     cell = jail_for(opts)
     if cell.bwrap is None:
         _console.print("[yellow]--unsandboxed: candidate code runs without bubblewrap; rows say so[/]")
     rows = []
-    with gpu_lock(gpu), tempfile.TemporaryDirectory(prefix="kernelboard-") as tmp, Progress(
+    device_lock = gpu_lock(gpu) if opts.device == "cuda" else contextlib.nullcontext()
+    with device_lock, tempfile.TemporaryDirectory(prefix="kernelboard-") as tmp, Progress(
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=_console,
     ) as progress:

@@ -6,7 +6,11 @@ instant and `kernelboard site` never imports torch.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -23,6 +27,28 @@ def main() -> None:
 
 
 # ---------------------------------------------------------------------------------------- eval
+
+
+@contextlib.contextmanager
+def _one_line_os_errors() -> Iterator[None]:
+    """A file the command cannot read or write (a full disk, a read-only or missing folder) is one line
+    naming it, never a traceback; tables are written atomically, so nothing is half-written."""
+    from kernelboard.errors import KernelboardError
+
+    try:
+        yield
+    except OSError as exc:
+        where = exc.filename or "?"
+        raise KernelboardError(f"{where}: {exc.strerror or exc}") from None
+
+
+def _os_errors_are_one_line(command: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(command)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with _one_line_os_errors():
+            return command(*args, **kwargs)
+    return wrapped
+
 
 
 @main.group(invoke_without_command=True, context_settings={"ignore_unknown_options": False})
@@ -64,6 +90,7 @@ def main() -> None:
               help="Grade on these CUDA devices at once (e.g. 0,1): one grader process per GPU, problems "
                    "spread across them, results merged into --out.")
 @click.pass_context
+@_os_errors_are_one_line
 def eval(ctx: click.Context, gpus: str | None, **options: object) -> None:
     """Grade submissions against the deck's references: correctness first, then timing."""
     if ctx.invoked_subcommand is not None:
@@ -96,6 +123,7 @@ def eval_calibrate(out: Path) -> None:
 @click.argument("sources", nargs=-1, required=True, type=_EXISTING_DIR)
 @click.option("--into", "into", type=_DIR, default=Path("data/results"), show_default=True,
               help="Results folder to merge into (created if missing).")
+@_os_errors_are_one_line
 def eval_merge(sources: tuple[Path, ...], into: Path) -> None:
     """Merge results folders graded elsewhere (another GPU, another machine) into one.
 
@@ -107,7 +135,9 @@ def eval_merge(sources: tuple[Path, ...], into: Path) -> None:
     for src in sources:
         report = merge_results(src, into)
         counts = "; ".join(f"{name} {c['added']} added, {c['replaced']} replaced, {c['kept']} kept"
-                           for name, c in report.items())
+                           for name, c in report.items() if name != "shapes")
+        if report["shapes"]["removed"]:
+            counts += f"; {report['shapes']['removed']} shape rows removed (their run's result has none)"
         click.echo(f"{src} -> {into}: {counts}")
 
 
