@@ -301,6 +301,8 @@ def _apply(results_dir: Path, gpu: str, entry: Path) -> None:
         rows = read_table(entry / f"{i}.parquet", name)
         _upsert_locked(table_path(results_dir, gpu, name), name, rows, step["replace_matching"] or None)
     shutil.rmtree(entry)
+    with contextlib.suppress(OSError):  # the last entry: no empty folder left behind
+        entry.parent.rmdir()
 
 
 def finish_pending(results_dir: Path) -> list[str]:
@@ -314,6 +316,8 @@ def finish_pending(results_dir: Path) -> list[str]:
                 finished.append(entry.name)
             else:
                 shutil.rmtree(entry, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    entry.parent.rmdir()
     return finished
 
 
