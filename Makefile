@@ -41,8 +41,18 @@ eval:  ## grade data/submissions on this machine's GPU into data/results (EVAL_A
 	.venv-eval/bin/kernelboard eval --deck eval/decks/hard --submissions $(DATA)/submissions/hard \
 	  --out $(DATA)/results $(EVAL_ARGS)
 
+# System packages the tests need: Chromium (the site tests drive it through Playwright) and bubblewrap
+# (the grader's sandbox). Missing ones are installed with apt-get, after saying so; without apt-get
+# or root, the line names what to install.
+SYSTEM_PACKAGES := chromium:chromium bwrap:bubblewrap
+
 test: $(VENV)/.dev  ## lint, then every CPU test (the grader on CPU, the site in real Chromium)
-	@command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
+	@missing=""; for pair in $(SYSTEM_PACKAGES); do command -v $${pair%%:*} >/dev/null || missing="$$missing $${pair##*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "make test: installing system packages with apt-get:$$missing (the browser tests and the grader's sandbox need them)"; \
+	  { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; } || { echo "make test: cannot install$$missing here (needs apt-get as root); install them and run again"; exit 1; }; \
+	  apt-get update -q && apt-get install -y -q $$missing || { echo "make test: apt-get could not install$$missing (is another apt running?); install them and run again"; exit 1; }; \
+	fi
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 

@@ -121,8 +121,11 @@ def make_jail(*, sandboxed: bool, device: str, hide: Iterable[Path]) -> Jail:
     found = find_bwrap()
     if found is None:
         raise RuntimeError("no usable bubblewrap")
+    import kernelboard.eval
+
     shown = [p for p in SYSTEM_PATHS if os.path.lexists(p)] + _package_folders()
-    hidden = sorted({str(Path(h).resolve()) for h in hide
+    hide = [*hide, *(Path(p) / "decks" for p in kernelboard.eval.__path__)]  # the grader's own decks, always
+    hidden = sorted({str(Path(h).resolve()) for h in hide if Path(h).is_dir()
                      if any(str(Path(h).resolve()).startswith(s.rstrip("/") + "/") for s in shown)})
     devices = tuple(sorted(str(p) for p in Path("/dev").glob("nvidia*"))) if device == "cuda" else ()
     memory = int(_total_memory() * MEMORY_SHARE)

@@ -1,0 +1,288 @@
+"""Red team: what a solution can reach from inside the sandbox (eval/jail.py), graded on the CPU.
+
+Every submission here attacks at import time and then re-exports the reference, so it would pass
+if its attack did nothing. Each reports what it managed on stdout (the grading log) as
+`ATTACK <name>: <what happened>`; the tests read those lines and check the world outside (the deck,
+the tables, the grader's code, the process list) is as it was. One batch grades them all; each test
+is named after what its attack tries.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from grading import REEXPORT, grade
+
+from kernelboard.eval.jail import find_bwrap
+from kernelboard.eval.tables import load_all
+
+pytestmark = pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap is not usable here (make test installs it)")
+
+P = "03_paged_attention"
+ROOT = Path(__file__).resolve().parents[1]
+#: A token no honest process carries: marks the attackers' own processes and files.
+TOKEN = f"kbredteam{secrets.token_hex(4)}"
+SECRET = f"sk-test-{secrets.token_hex(8)}"
+
+
+def _attack(name: str, body: str) -> str:
+    """solution.py: run `body` (which sets `said`), report it, then behave like the reference."""
+    return (f"import os, sys, glob, socket, signal, subprocess, time\nsaid = 'nothing'\n"
+            f"try:\n{_indent(body)}\nexcept BaseException as exc:\n"
+            f"    said = f'refused: {{type(exc).__name__}}: {{exc}}'\n"
+            f"print('ATTACK {name}:', said, flush=True)\n{REEXPORT}")
+
+
+def _daemon(out: Path) -> str:
+    """A loop that rewrites every results table it can find, 20 times a second, for 5 minutes."""
+    return (f"import glob, time\nfor _ in range(6000):\n    for t in glob.glob('{out}/*/results.parquet'):\n"
+            "        try:\n            open(t, 'w').write('forged')\n        except OSError:\n            pass\n"
+            "    time.sleep(0.05)\n")
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.strip("\n").splitlines())
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """The batch, graded once, with the paths an attacker is told about and a listener on loopback."""
+    root = tmp_path_factory.mktemp("redteam")
+    out, subs, deck = root / "out", root / "subs", root / "deck"
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    package = ROOT / "eval" / "judge.py"
+    cache_root = Path(os.environ.get("KERNELBOARD_CACHE", Path.home() / ".cache" / "kernelboard"))
+    attacks = {
+        "daemon": f"""
+code = {_daemon(out)!r}
+pid = os.fork()
+if pid == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, ['{TOKEN}', '-c', code])
+    os._exit(0)
+os.waitpid(pid, 0)
+said = 'started a setsid daemon'
+""",
+        "deck_edit": f"""
+done = []
+for path in ['{deck}/{P}/problem.yaml', '{ROOT}/eval/decks/hard/{P}/problem.yaml']:
+    try:
+        with open(path, 'a') as fh:
+            fh.write('\\n# tolerance: 1e9\\n')
+        done.append(path)
+    except OSError as exc:
+        done.append(f'{{path}}: {{exc.strerror}}')
+said = '; '.join(done)
+""",
+        "judge_proc": """
+seen = []
+for pid in os.listdir('/proc'):
+    if pid.isdigit():
+        try:
+            seen.append(pid + '=' + open(f'/proc/{pid}/cmdline', 'rb').read().replace(b'\\0', b' ').decode()[:60])
+        except OSError:
+            pass
+mem = 'unreadable'
+try:
+    open(f'/proc/{os.getppid()}/mem', 'rb').read(1)
+    mem = 'readable'
+except OSError:
+    pass
+said = f'processes visible: {len(seen)} {seen}; parent mem {mem}; jobs {glob.glob("/tmp/*/*.job.json")}'
+""",
+        "secrets": """
+said = 'environment: ' + ' '.join(f'{k}={v}' for k, v in sorted(os.environ.items()))
+""",
+        "submissions": f"""
+said = f'other submissions: {{sorted(glob.glob("{subs}/*"))}} data: {{sorted(glob.glob("{ROOT}/data/*"))}}'
+""",
+        "network": f"""
+got = []
+for host, port in (('1.1.1.1', 53), ('127.0.0.1', {port})):
+    s = socket.socket()
+    s.settimeout(2)
+    got.append(f'{{host}}:{{port}}=' + ('connected' if s.connect_ex((host, port)) == 0 else 'unreachable'))
+said = ' '.join(got)
+""",
+        "signals": """
+hit = []
+mine = {int(t) for t in os.listdir('/proc/self/task')}  # its own threads: stopping one stops itself
+for pid in range(1, 70000):
+    if pid not in mine:
+        try:
+            os.kill(pid, signal.SIGSTOP)
+            hit.append(pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+        except OSError:
+            pass
+for pid in hit:
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except OSError:
+        pass
+said = f'could signal {len(hit)} processes: {hit[:10]}'
+""",
+        "tables": f"""
+done = []
+for path in glob.glob('{out}/*/*.parquet') + ['{out}/cpu/runs.parquet']:
+    try:
+        open(path, 'wb').write(b'garbage')
+        done.append('overwrote ' + path)
+    except OSError as exc:
+        done.append(f'{{path}}: {{exc.strerror}}')
+said = '; '.join(done)
+""",
+        "grader_code": f"""
+done = []
+for path in ['{package}', '{package.parent}/{TOKEN}.py', '/usr/{TOKEN}', '/etc/{TOKEN}', '{cache_root}/{TOKEN}/x']:
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        open(path, 'a').write('# owned by {TOKEN}\\n')
+        done.append('wrote ' + path)
+    except OSError as exc:
+        done.append(f'{{path}}: {{exc.strerror}}')
+said = '; '.join(done)
+""",
+        "fork_bomb": """
+children = 0
+try:
+    for _ in range(5000):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        children += 1
+except OSError as exc:
+    said = f'fork refused after {children} children: {exc.strerror}'
+else:
+    said = f'forked {children} children'
+""",
+        "ram_bomb": """
+hoard = []
+try:
+    for _ in range(4096):
+        hoard.append(b'\\x01' * (64 << 20))
+    said = f'allocated {len(hoard) * 64} MiB'
+except MemoryError:
+    said = f'MemoryError after {len(hoard) * 64} MiB'
+del hoard
+""",
+        "big_file": """
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+with open('big.bin', 'wb') as fh:
+    fh.seek(16 << 30)
+    try:
+        fh.write(b'x')
+        said = 'wrote a 16 GiB file'
+    except OSError as exc:
+        said = f'refused: {exc.strerror}'
+os.remove('big.bin')
+""",
+    }
+    submissions = {f"attack_{name}": (P, _attack(name, body)) for name, body in attacks.items()}
+    submissions["honest"] = (P, REEXPORT)
+    before = {"deck": (ROOT / "eval" / "decks" / "hard" / P / "problem.yaml").read_bytes()}
+    os.environ["KB_REDTEAM_SECRET"] = SECRET
+    try:
+        rows = grade(root, [P], submissions, timeout_s=180.0)
+    finally:
+        os.environ.pop("KB_REDTEAM_SECRET", None)
+    logs = {run: (out / "cpu" / "logs" / f"{run}.log").read_text(errors="replace") for run in submissions}
+    said = {run: _said(text) for run, text in logs.items()}
+    yield {"root": root, "out": out, "deck": deck, "rows": rows, "logs": logs, "said": said, "before": before,
+           "package": package, "listener": listener}
+    listener.close()
+
+
+def _said(log: str) -> str:
+    found = re.findall(r"^ATTACK \w+: (.*)$", log, re.MULTILINE)
+    return found[0] if found else "(no report)"
+
+
+def test_the_honest_control_still_passes(world) -> None:
+    assert world["rows"]["honest"]["status"] == "pass"
+    assert "bubblewrap" in (world["rows"]["honest"]["sandbox"] or "")
+
+
+def test_a_setsid_daemon_does_not_outlive_grading(world) -> None:
+    time.sleep(1.0)  # it would rewrite files every 50 ms
+    alive = subprocess.run(["pgrep", "-f", TOKEN], capture_output=True, text=True).stdout.split()
+    assert alive == [], f"processes of the attack still alive: {alive}"
+    tables = load_all(world["out"])  # every table still reads and validates
+    assert {r["run_id"] for r in tables["results"].to_pylist()} >= {"honest", "attack_daemon"}
+
+
+def test_the_deck_on_disk_cannot_be_edited(world) -> None:
+    assert (ROOT / "eval" / "decks" / "hard" / P / "problem.yaml").read_bytes() == world["before"]["deck"]
+    assert "tolerance" not in (world["deck"] / P / "problem.yaml").read_text()
+    said = world["said"]["attack_deck_edit"]
+    assert "eval/decks" not in said, f"the grader's decks are visible to the candidate: {said}"
+    assert "No such file" in said
+
+
+def test_the_judge_and_other_processes_are_invisible(world) -> None:
+    said = world["said"]["attack_judge_proc"]
+    visible = int(re.search(r"processes visible: (\d+)", said).group(1))
+    assert visible <= 4, said  # bwrap's init, the runner, maybe its shell: nothing of ours
+    assert "kernelboard.eval.worker" not in said and "parent mem unreadable" in said and "jobs []" in said
+
+
+def test_the_graders_environment_does_not_reach_the_candidate(world) -> None:
+    assert SECRET not in world["logs"]["attack_secrets"]
+    assert "KB_REDTEAM_SECRET" not in world["said"]["attack_secrets"]
+    assert "HOME=/tmp" in world["said"]["attack_secrets"]
+
+
+def test_other_submissions_and_data_are_invisible(world) -> None:
+    assert world["said"]["attack_submissions"] == "other submissions: [] data: []"
+
+
+def test_there_is_no_network_not_even_the_hosts_loopback(world) -> None:
+    said = world["said"]["attack_network"]
+    assert "connected" not in said.replace("unreachable", ""), said
+
+
+def test_the_scheduler_cannot_be_signalled(world) -> None:
+    said = world["said"]["attack_signals"]
+    assert int(re.search(r"could signal (\d+)", said).group(1)) <= 3, said  # its own namespace only
+    assert world["rows"]["honest"]["status"] == "pass"  # graded after it: the batch went on
+
+
+def test_the_results_tables_cannot_be_overwritten_mid_batch(world) -> None:
+    assert "overwrote" not in world["said"]["attack_tables"]
+    load_all(world["out"])
+
+
+def test_the_graders_code_and_other_caches_are_not_writable(world) -> None:
+    assert TOKEN not in world["package"].read_text()
+    cache_root = Path(os.environ.get("KERNELBOARD_CACHE", Path.home() / ".cache" / "kernelboard"))
+    package_dir = world["package"].parent
+    for path in (Path("/usr") / TOKEN, Path("/etc") / TOKEN, cache_root / TOKEN, package_dir / f"{TOKEN}.py"):
+        assert not path.exists(), f"the attack wrote {path} on the host: {world['said']['attack_grader_code']}"
+    assert "Read-only file system" in world["said"]["attack_grader_code"]
+
+
+def test_a_fork_bomb_is_stopped_by_the_process_limit(world) -> None:
+    said = world["said"]["attack_fork_bomb"]
+    assert said.startswith("fork refused after"), said
+    assert world["rows"]["attack_fork_bomb"]["status"] in ("pass", "runtime_error", "timeout")
+
+
+def test_a_ram_bomb_is_stopped_by_the_memory_limit(world) -> None:
+    said = world["said"]["attack_ram_bomb"]
+    row = world["rows"]["attack_ram_bomb"]
+    assert said.startswith("MemoryError") or row["status"] in ("oom", "runtime_error"), (said, row["message"])
+
+
+def test_a_huge_file_is_refused_by_the_file_size_limit(world) -> None:
+    assert "File too large" in world["said"]["attack_big_file"], world["said"]["attack_big_file"]
