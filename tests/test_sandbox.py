@@ -1,4 +1,4 @@
-"""The parent-side sandbox: one grader per GPU at a time."""
+"""The parent-side sandbox: one grader per GPU at a time, in a lock folder tests choose, saying whom it waits for."""
 
 from __future__ import annotations
 
@@ -8,13 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from kernelboard.eval.locks import LockWaitWarning
 from kernelboard.eval.sandbox import gpu_lock
 
 
-def test_two_graders_on_one_gpu_queue_instead_of_overlapping(monkeypatch: pytest.MonkeyPatch,
-                                                             tmp_path: Path) -> None:
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setattr("tempfile.tempdir", None)
+@pytest.fixture(autouse=True)
+def _private_locks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("KERNELBOARD_LOCK_DIR", str(tmp_path))
+
+
+def test_two_graders_on_one_gpu_queue_instead_of_overlapping(tmp_path: Path) -> None:
     spans: list[tuple[str, float, float]] = []
 
     def grader(name: str) -> None:
@@ -23,18 +26,23 @@ def test_two_graders_on_one_gpu_queue_instead_of_overlapping(monkeypatch: pytest
             time.sleep(0.3)
             spans.append((name, start, time.monotonic()))
 
-    threads = [threading.Thread(target=grader, args=(n,)) for n in ("a", "b")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with pytest.warns(LockWaitWarning, match=r"waiting for kernelboard eval grading on test-gpu \(device 0\)"):
+        threads = [threading.Thread(target=grader, args=(n,)) for n in ("a", "b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     (_, _, a1), (_, b0, _) = sorted(spans, key=lambda s: s[1])
     assert b0 >= a1  # the second began only after the first let go
-    assert list(tmp_path.glob("kernelboard-test-gpu-*.lock"))
+    assert list(tmp_path.glob("kernelboard-test-gpu-*.lock"))  # in KERNELBOARD_LOCK_DIR
 
 
-def test_different_gpus_do_not_wait_for_each_other(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setattr("tempfile.tempdir", None)
+def test_different_gpus_do_not_wait_for_each_other() -> None:
     with gpu_lock("gpu-one"), gpu_lock("gpu-two"):
         pass
+
+
+def test_the_lock_is_keyed_by_the_visible_device(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    with gpu_lock("h200"):
+        assert (tmp_path / "kernelboard-h200-3.lock").is_file()
