@@ -224,7 +224,7 @@ def test_a_setsid_daemon_does_not_outlive_grading(world) -> None:
 
 def test_the_deck_on_disk_cannot_be_edited(world) -> None:
     assert (ROOT / "eval" / "decks" / "hard" / P / "problem.yaml").read_bytes() == world["before"]["deck"]
-    assert "tolerance" not in (world["deck"] / P / "problem.yaml").read_text()
+    assert "tolerance: 1e9" not in (world["deck"] / P / "problem.yaml").read_text()
     said = world["said"]["attack_deck_edit"]
     assert "eval/decks" not in said, f"the grader's decks are visible to the candidate: {said}"
     assert "No such file" in said
