@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .deck import Problem
@@ -57,18 +58,46 @@ class _OpLog(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def op_log(fn: Callable[..., Any], inputs: list[Any]) -> list[str]:
-    """Collector: the distinct aten ops one call reaches under a logging dispatch mode, in
-    first-seen order."""
-    log = _OpLog()
-    with torch.no_grad(), log:
-        fn(*inputs)
-    return list(dict.fromkeys(log.ops))
+class _FunctionLog(TorchFunctionMode):
+    """The torch functions a call makes, before any decomposition: an op that is
+    CompositeImplicitAutograd (SDPA's math path on the CPU) reaches the dispatch mode only as
+    the matmuls and softmax it decomposes into, but this mode sees the call itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", None) or type(func).__name__
+        self.names.append(f"torch:{name}")
+        return func(*args, **(kwargs or {}))
+
+
+def op_log(fn: Callable[..., Any], inputs: list[Any]) -> tuple[list[str], Any]:
+    """Collector: the distinct torch functions (`torch:<name>`, from a TorchFunctionMode) and aten
+    ops (from a dispatch mode) one call reaches, in first-seen order, and the call's output (which
+    the judge checks like any other call's)."""
+    functions, log = _FunctionLog(), _OpLog()
+    with torch.no_grad(), functions, log:
+        out = fn(*inputs)
+    return list(dict.fromkeys(functions.names + log.ops)), out
+
+
+def _forbidden(needle: str, op: str) -> bool:
+    """An aten op matches a needle as a substring; a torch function (`torch:<name>`) matches an
+    `aten::NAME` needle by exact name, any other needle without a namespace as a substring."""
+    if not op.startswith("torch:"):
+        return needle in op
+    name = op.removeprefix("torch:")
+    if needle.startswith("aten::"):
+        return name == needle.removeprefix("aten::")
+    return "::" not in needle and needle in name
 
 
 def forbidden_ops(problem: Problem, ops: list[str]) -> list[str]:
-    """Rule: stops an aliased call of a forbidden aten op (e.g. SDPA reached through getattr)."""
-    return sorted({op for op in ops for needle in problem.forbidden_ops if needle in op})
+    """Rule: stops an aliased call of a forbidden op (e.g. SDPA reached through getattr), whether
+    the dispatch mode saw the aten op or only the torch function mode saw the call."""
+    return sorted({op for op in ops for needle in problem.forbidden_ops if _forbidden(needle, op)})
 
 
 def timed_kernels(fn: Callable[..., Any], inputs: list[Any]) -> list[str]:

@@ -95,3 +95,42 @@ def compare_topk(x: torch.Tensor, ref: tuple[torch.Tensor, ...], out: tuple[torc
     if not pointed_at.ok:
         return Verdict(False, f"the inputs at the returned indices: {pointed_at.message}", pointed_at.rel_err)
     return by_position
+
+
+# ------------------------------------------------------------------ every timed output, cheaply
+
+#: Elements of each output part that every timed call reports (at judge-seeded positions).
+PROBE_ELEMENTS = 32
+
+
+def probe_positions(seed: int, numel: int, device: torch.device | str) -> torch.Tensor:
+    """PROBE_ELEMENTS distinct flat positions (fewer for a smaller output), reproducible from
+    `seed` in any process."""
+    gen = torch.Generator().manual_seed(int(seed))
+    return torch.randperm(numel, generator=gen)[:PROBE_ELEMENTS].sort().values.to(device)
+
+
+def probe(out: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The output's elements at `positions`, as float64 (exact for every dtype a reply carries
+    but 64-bit integers beyond 2**53), without a synchronise."""
+    return out.detach().reshape(-1).index_select(0, positions).to(torch.float64)
+
+
+def probe_problem(ref: torch.Tensor, positions: torch.Tensor, got: list[float], atol: float,
+                  rtol: float) -> str | None:
+    """Why the probed elements `got` are not within atol + rtol·|ref| of the reference's (the
+    rule every output is held to, so an honest output never fails it), or None. A stale or
+    cached output for other values has a fraction f of its elements off, and passes all
+    PROBE_ELEMENTS with probability (1 − f)^PROBE_ELEMENTS."""
+    r = ref.detach().reshape(-1).index_select(0, positions.to(ref.device)).to(torch.float64).cpu()
+    g = torch.tensor(got, dtype=torch.float64)
+    if g.shape != r.shape:
+        return f"{g.numel()} probed elements, expected {r.numel()}"
+    bad = ~((g - r).abs() <= atol + rtol * r.abs())
+    if (atol == 0 and rtol == 0):
+        bad = g != r
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        return (f"{int(bad.sum())} of {r.numel()} probed elements out of tolerance (atol={atol:g}, rtol={rtol:g}); "
+                f"element {int(positions[i])}: got {float(g[i]):.6g}, expected {float(r[i]):.6g}")
+    return None

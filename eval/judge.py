@@ -11,14 +11,19 @@ It drives a runner (runner.py), the one process that imports and runs candidate 
    reports after the import, each call and each timing loop (a tripwire: a runner can lie);
 4. each call's inputs are shared with the runner (protocol.Arena) and compared here, after the
    call, with the judge's own pristine copies (no in-place writes);
-5. every output is compared here (correctness.compare) with references the runner never sees;
-   timing rotates over two fresh input sets, the statistics are recomputed here from the runner's
-   raw per-call samples, and the timed calls' last outputs are checked; the audit rules are
-   applied here to the raw data the runner collected (forbidden ops and kernels, escaped work).
+5. every output is compared here (correctness.compare) with references the runner never sees —
+   the first call of each shape (the one the op audit watches) like every other; timed calls get
+   fresh input values each call, and every timed output is verified here through elements
+   probed at judge-seeded positions (timing.py), the last one per input set in full; the
+   statistics are recomputed here from the runner's raw per-call samples, and refused if they
+   claim less than the judge's own clock allows (timing.batch_problem, timing.floor_ms: batches
+   of calls on never-seen inputs, timed here around the request); the audit rules are applied
+   here to the raw data the runner collected (forbidden torch functions, ops and kernels,
+   escaped work).
 
 What this stops that one shared interpreter did not: a candidate that patches the comparison,
-the statistics or the rules, or rewrites the reference outputs in memory. What a runner can still
-lie about is listed in runner.py. `baselines()` times the reference itself (trusted code) here.
+the statistics, the rules or its own clocks, or rewrites the reference outputs in memory. What a
+runner can still lie about is listed in runner.py. `baselines()` times the reference itself (trusted code) here.
 """
 
 from __future__ import annotations
@@ -36,7 +41,17 @@ import torch
 
 from . import audit
 from .atomic import write_text_atomic
-from .correctness import Output, Verdict, check_type, compare, compare_topk, dtype_name
+from .correctness import (
+    Output,
+    Verdict,
+    check_type,
+    compare,
+    compare_topk,
+    dtype_name,
+    probe,
+    probe_positions,
+    probe_problem,
+)
 from .deck import Problem, StressCase, load_problem
 from .failure import Failure, one_line
 from .link import Received, Reply, RunnerLink
@@ -44,8 +59,8 @@ from .phases import Phases
 from .plan import ShapePlan, build_model, import_file, install_shapes_module, make_plan
 from .probe import probe_environment
 from .protocol import Arena, TensorRef
-from .settings import BASELINE_TIMING_SEEDS, LAUNCH_BOUND_MS
-from .timing import TimeStats, summarize, time_cpu, time_cuda
+from .settings import BASELINE_TIMING_SEEDS, LAUNCH_BOUND_MS, TIMING_POOL_SETS
+from .timing import TimeStats, batch_problem, claim_problem, floor_ms, summarize, time_cpu, time_cuda
 
 _STARTED = time.monotonic()
 
@@ -115,27 +130,47 @@ def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int,
     """Copy the shape's inputs into shared memory, have the runner build its Model; returns the
     judge's views of each check's inputs (None for a non-tensor input)."""
     arena = Arena({"init_args": plan.init_args, "state_dict": plan.state_dict,
-                   "checks": [c.inputs for c in plan.checks], "timing": plan.timing_sets})
+                   "checks": [c.inputs for c in plan.checks], "timing": plan.timing_sets, "proof": plan.proof_sets})
     log("worker", f"shape {plan.shape.idx}: {arena.size / 1e9:.2f} GB of inputs and state copied to shared memory")
     try:
         link.ask("shape", f"shape {plan.shape.idx}: building Model", fds=(arena.fd,), shape=k, seed=seed,
-                 arena_size=arena.size, values=arena.encoded)
+                 arena_size=arena.size, values=arena.encoded,
+                 probes=[_probe_spec(s, r) for s, r in zip(plan.timing_seeds, plan.timing_refs, strict=True)],
+                 proof_probes=[[_probe_spec(s, r) for s, r in zip(seeds, refs, strict=True)]
+                               for seeds, refs in zip(plan.proof_seeds, plan.proof_refs, strict=True)])
     finally:
         arena.close_fd()
     for check in plan.checks:
         check.inputs = []  # the arena holds the runner's copy; `pristine` keeps the judge's
     plan.timing_inputs = plan.timing_sets if keep_timing_inputs else []  # for rules that read the inputs
     plan.timing_sets = []
+    plan.proof_sets = []
     return [[arena.view(r) if isinstance(r, TensorRef) else None for r in inputs]
             for inputs in arena.encoded["checks"]]
 
 
+def _probe_spec(seed: int, ref: Output) -> list[list[int]]:
+    """What the runner needs to find an input set's probed positions: (seed, numel) per part."""
+    parts = ref if isinstance(ref, tuple) else (ref,)
+    return [[seed * 16 + i, part.numel()] for i, part in enumerate(parts)]
+
+
 def _check_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, shared: list[list[Any]],
                  state: dict[str, Any]) -> float:
-    """Every check of one shape; returns the worst normalised error ‖d‖/‖ref‖."""
+    """Every check of one shape; returns the worst normalised error ‖d‖/‖ref‖. The shape's first
+    call runs under the op audit (when the problem forbids ops) and is judged like the rest."""
     worst = 0.0
     for j, check in enumerate(plan.checks):
         where = f"shape {plan.shape.idx} ({plan.shape.label}) {check.label}"
+        if j == 0 and problem.forbidden_ops:
+            reply = link.ask("call", f"{where} (op audit)", shape=k, check=0, log_ops=True)
+            _check_inputs(shared[0], check.pristine, f"{where} (op audit)")
+            hits = audit.forbidden_ops(problem, reply.strings("ops"))
+            if hits:
+                raise Failure("forbidden", f"forbidden aten ops ran: {', '.join(hits)}")
+            verdict = _judge(problem, check.ref_out, reply.outputs([check.ref_out])[0], check.pristine, check.stress)
+            if not verdict.ok:
+                raise Failure("wrong", f"{where} (op audit): {verdict.message}")
         reply = link.ask("call", where, shape=k, check=j, state_scale=check.stress.state_scale if check.stress else {})
         _check_state(state, reply, f"during {where}")
         _check_inputs(shared[j], check.pristine, where)
@@ -155,15 +190,98 @@ def _verify_timed(problem: Problem, plan: ShapePlan, outputs: list[Received], wh
                                    f"{verdict.message}")
 
 
+class _Targets:
+    """The judge's side of the probes of one set of references (timing.py): per reference, per
+    output part, (reference, probed positions, atol, rtol), or None for a part not judged by its
+    values (a top-k's indices, whose tie-break may differ)."""
+
+    def __init__(self, problem: Problem, refs: list[Output], seeds: list[int]) -> None:
+        self.rows: list[list[tuple[torch.Tensor, torch.Tensor, float, float] | None]] = []
+        for seed, ref in zip(seeds, refs, strict=True):
+            row: list[tuple[torch.Tensor, torch.Tensor, float, float] | None] = []
+            parts = ref if isinstance(ref, tuple) else (ref,)
+            for i, part in enumerate(parts):
+                if problem.output_rule == "topk" and i == 1:
+                    row.append(None)
+                    continue
+                atol, rtol = (problem.tolerance_for(dtype_name(part.dtype), None)
+                              if part.is_floating_point() else (0.0, 0.0))
+                row.append((part, probe_positions(seed * 16 + i, part.numel(), "cpu"), atol, rtol))
+            self.rows.append(row)
+
+    def check(self, got: list[list[list[float] | None]], which: list[int], what: str) -> None:
+        """`got[i]`, the probed elements of call i, against reference `which[i]`'s; a miss is wrong."""
+        for i, (row, j) in enumerate(zip(got, which, strict=True)):
+            if len(row) != len(self.rows[j]):
+                raise Failure("wrong", f"{what} {i}: {len(row)} output parts probed, expected {len(self.rows[j])}")
+            for part, (values, target) in enumerate(zip(row, self.rows[j], strict=True)):
+                if target is None:
+                    continue
+                name = f"{what} {i} (input set {j}{f', output {part}' if len(row) > 1 else ''})"
+                if values is None:
+                    raise Failure("wrong", f"{name} returned an output that is not a plain tensor of the reference's "
+                                           f"size, or holds NaN or Inf")
+                why = probe_problem(*target[:2], values, *target[2:])
+                if why:
+                    raise Failure("wrong", f"{name} returned a wrong output: {why}")
+
+
+def _probe_ms(refs: list[Output], device: str) -> float:
+    """What probing one output costs the judge here (median of 5, ms): the floor's allowance for
+    the probe the runner takes after each call of a batch."""
+    parts = refs[0] if isinstance(refs[0], tuple) else (refs[0],)
+    positions = [probe_positions(1, p.numel(), p.device) for p in parts]
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        done = [probe(p, w) for p, w in zip(parts, positions, strict=True)]
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) * 1e3)
+        del done
+    return statistics.median(times)
+
+
+def _floor(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, device: str) -> float:
+    """The judge's floor under one call's time (timing.floor_ms): each batch timed here, around
+    the request, its probed elements checked like the timed calls', and the runner's own samples of
+    the batch held against this clock (timing.batch_problem)."""
+    where = f"shape {plan.shape.idx}"
+    batches = []
+    for b, (refs, seeds) in enumerate(zip(plan.proof_refs, plan.proof_seeds, strict=True)):
+        targets = _Targets(problem, refs, seeds)
+        t0 = time.perf_counter()
+        reply = link.ask("proof", f"{where}: floor batch {b}", shape=k, batch=b)
+        wall_ms = (time.perf_counter() - t0) * 1e3
+        targets.check(reply.probes(len(refs)), list(range(len(refs))), f"{where}: floor batch {b}, call")
+        claimed = reply.samples("samples_ms", at_least=len(refs))
+        if len(claimed) != len(refs):
+            raise reply._bad(f"'samples_ms' has {len(claimed)} samples for {len(refs)} calls")
+        batches.append((wall_ms, len(refs), sum(claimed)))
+    allowance = 2.0 * _probe_ms(plan.proof_refs[0], device)
+    forged = batch_problem(batches, allowance)
+    if forged:
+        raise Failure("integrity_violation", f"{where}: {forged}")
+    return floor_ms([(w, n) for w, n, _ in batches], allowance)
+
+
 def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, state: dict[str, Any],
                 device: str) -> tuple[TimeStats, dict[str, Any]]:
-    """Time one shape in the runner; statistics, output checks and (on a GPU) the audit rules
-    here. Returns the stats and the extra per-shape fields of the GPU audits."""
+    """Time one shape in the runner; statistics, output checks, the judge's floor and (on a GPU)
+    the audit rules here. Returns the stats and the extra per-shape fields of the GPU audits."""
     where = f"shape {plan.shape.idx}"
     reply = link.ask("time", f"{where}: timing", shape=k)
     stats = summarize(reply.samples("samples_ms", at_least=2), reply.number("wall_ms"))
     _check_state(state, reply, f"while timing shape {plan.shape.idx}")
+    pool = len(plan.timing_refs)
+    _Targets(problem, plan.timing_refs, plan.timing_seeds).check(
+        reply.probes(stats.iterations), [i % pool for i in range(stats.iterations)], f"{where}: timed call")
     _verify_timed(problem, plan, reply.outputs(plan.timing_refs), "a timed call")
+    floor = _floor(link, problem, plan, k, device)
+    log("worker", f"{where}: the judge's floor {floor:.4f} ms per call, claimed median {stats.median_ms:.4f} ms")
+    forged = claim_problem(stats.median_ms, floor)
+    if forged:
+        raise Failure("integrity_violation", f"{where}: {forged}")
     if device != "cuda":
         return stats, {}
     host_ms = statistics.median(link.ask("host_sync", f"{where}: host-timed calls", shape=k).samples("samples_ms"))
@@ -226,19 +344,14 @@ def grade(job: dict[str, Any], result: dict[str, Any], phases: Phases, link: Run
     plans, n_checks = [], 0
     for k, shape in enumerate(shapes):
         phases.enter("correctness")
-        plan = make_plan(problem, reference, (shape,), seeds, (base_seed + 1, base_seed + 2), device)[0]
+        pool_seeds = tuple(base_seed + 1 + i for i in range(TIMING_POOL_SETS))
+        plan = make_plan(problem, reference, (shape,), seeds, pool_seeds, device, proof_seed=base_seed + 97)[0]
         log("worker", f"shape {shape.idx}: inputs drawn, {len(plan.checks)} reference outputs computed")
         plans.append(plan)
         shared = _share(link, plan, k, seeds[0], keep_timing_inputs=problem.output_rule != "allclose")
         log("worker", f"shape {shape.idx}: inputs shared, the solution's Model built")
         if device == "cuda":
             torch.cuda.empty_cache()  # the inputs moved to the arena: give their memory back
-        if k == 0 and problem.forbidden_ops:
-            ops = link.ask("call", "dispatch-mode call", shape=k, check=0, log_ops=True).strings("ops")
-            _check_inputs(shared[0], plan.checks[0].pristine, "dispatch-mode call")
-            hits = audit.forbidden_ops(problem, ops)
-            if hits:
-                raise Failure("forbidden", f"forbidden aten ops ran: {', '.join(hits)}")
         worst = _check_shape(link, problem, plan, k, shared, state)
         n_checks += len(plan.checks)
         plan.checks.clear()  # the next shape's plan may be large (06: GBs per input); the timing refs stay

@@ -96,6 +96,17 @@ class Reply:
             raise self._bad(f"{key!r} is not a list of short strings")
         return v
 
+    def probes(self, n: int) -> list[list[list[float] | None]]:
+        """Per-call probed output elements (timing.py): n lists of up to MAX_PARTS parts, each a
+        short list of finite numbers or null."""
+        v = self.header.get("probes")
+        if not (isinstance(v, list) and len(v) == n and all(
+                isinstance(row, list) and len(row) <= MAX_PARTS
+                and all(part is None or (isinstance(part, list) and len(part) <= 4096 and all(
+                    type(x) in (int, float) and math.isfinite(x) for x in part)) for part in row) for row in v)):
+            raise self._bad(f"'probes' is not a list of {n} lists of probed elements")
+        return [[None if part is None else [float(x) for x in part] for part in row] for row in v]
+
     def state(self, like: dict[str, Any]) -> dict[str, Any]:
         """Torch's global switches as reported, with exactly the keys of `like`."""
         v = self.header.get("state")

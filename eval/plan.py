@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import sys
+import time
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ import torch
 
 from .correctness import Output
 from .deck import Problem, Shape, StressCase
+from .settings import PROOF_MAX_BYTES, PROOF_MAX_SETS, PROOF_MIN_SETS, PROOF_REF_BUDGET_S, PROOF_ROUNDS
 
 
 def import_file(name: str, path: Path) -> types.ModuleType:
@@ -117,13 +119,18 @@ class ShapePlan:
     timing_sets: list[list[Any]] = field(default_factory=list)
     timing_refs: list[Output] = field(default_factory=list)
     timing_inputs: list[list[Any]] = field(default_factory=list)  # kept only for rules that read inputs
+    timing_seeds: list[int] = field(default_factory=list)  # each timing set's draw seed (its projection seed)
+    proof_sets: list[list[list[Any]]] = field(default_factory=list)  # per batch, input sets used once each
+    proof_refs: list[list[Output]] = field(default_factory=list)
+    proof_seeds: list[list[int]] = field(default_factory=list)
 
 
 @torch.no_grad()
 def make_plan(problem: Problem, reference: types.ModuleType, shapes: tuple[Shape, ...], seeds: list[int],
-              timing_seeds: tuple[int, ...], device: str) -> list[ShapePlan]:
+              timing_seeds: tuple[int, ...], device: str, proof_seed: int | None = None) -> list[ShapePlan]:
     """Reference outputs for every shape × seed × stress case (numeric, then structural, drawn
-    from the last seed — the run's fresh one) and for the timing input sets."""
+    from the last seed — the run's fresh one), for the timing input sets and, given `proof_seed`,
+    for the judge's floor batches (`_proof_sets`)."""
     structural = problem.structural_stress.cases(seeds[-1]) if problem.structural_stress else []
     structural_tolerance = problem.structural_stress.as_stress() if problem.structural_stress else None
     plans = []
@@ -152,6 +159,37 @@ def make_plan(problem: Problem, reference: types.ModuleType, shapes: tuple[Shape
             inputs = draw_inputs(reference, seed + 7919 * shape.idx, device)
             plan.timing_sets.append(inputs)
             plan.timing_refs.append(ref_model(*inputs))
+            plan.timing_seeds.append(seed + 7919 * shape.idx)
+        if proof_seed is not None:
+            _proof_sets(plan, reference, ref_model, proof_seed + 7919 * shape.idx, device)
         plans.append(plan)
         del ref_model
     return plans
+
+
+def _nbytes(inputs: list[Any]) -> int:
+    return sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
+
+
+def _proof_sets(plan: ShapePlan, reference: types.ModuleType, ref_model: torch.nn.Module, seed: int,
+                device: str) -> None:
+    """PROOF_ROUNDS batches of input sets, each used once (timing.floor_ms), with references: as
+    many per batch as PROOF_REF_BUDGET_S of reference time and PROOF_MAX_BYTES of inputs allow,
+    between PROOF_MIN_SETS and PROOF_MAX_SETS (small, fast shapes get many, GB-sized ones few)."""
+    budget_s = PROOF_REF_BUDGET_S / PROOF_ROUNDS
+    for r in range(PROOF_ROUNDS):
+        sets, refs, seeds, started, size = [], [], [], time.perf_counter(), 0
+        while len(sets) < PROOF_MIN_SETS or (
+                len(sets) < PROOF_MAX_SETS and time.perf_counter() - started < budget_s
+                and (size + size // len(sets)) * PROOF_ROUNDS <= PROOF_MAX_BYTES):
+            s = seed + 104729 * (r + 1) + len(sets)
+            inputs = draw_inputs(reference, s, device)
+            sets.append(inputs)
+            refs.append(ref_model(*inputs))
+            seeds.append(s)
+            size += _nbytes(inputs)
+            if device == "cuda":
+                torch.cuda.synchronize()  # the budget is the references' time, not their launches'
+        plan.proof_sets.append(sets)
+        plan.proof_refs.append(refs)
+        plan.proof_seeds.append(seeds)

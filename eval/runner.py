@@ -25,6 +25,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -33,11 +34,12 @@ from typing import Any, NamedTuple
 import torch
 
 from . import audit
+from .correctness import probe, probe_positions
 from .deck import load_problem
 from .plan import apply_shape, build_model, import_file, install_shapes_module, scaled_state
 from .probe import torch_global_state
 from .protocol import Channel, TensorRef, encode_output, map_arena, resolve, view_of
-from .timing import time_cpu, time_cuda
+from .timing import Feed, time_cpu, time_cuda
 
 _PR_SET_PDEATHSIG = 1
 
@@ -65,9 +67,86 @@ def _place(value: Any, device: str) -> tuple[Any, torch.Tensor | None]:
     return live, value.view
 
 
+class _Probe:
+    """Where one input set's outputs are probed: judge-seeded element positions per part, made
+    when the shape is loaded (never inside a timed region or a floor batch); the spec is
+    [(seed, numel), …] per part, from the judge."""
+
+    def __init__(self, spec: list[list[int]], device: str) -> None:
+        self.parts = [probe_positions(seed, numel, device) for seed, numel in spec]
+        self.numels = [numel for _, numel in spec]
+
+    def take(self, out: Any) -> list[torch.Tensor | None]:
+        """The probed elements of each output part, enqueued (no synchronise); None for a part
+        that is not a plain strided tensor of the expected size on the expected device."""
+        parts = out if type(out) in (tuple, list) else (out,)
+        got: list[torch.Tensor | None] = []
+        for k, positions in enumerate(self.parts):
+            part = parts[k] if k < len(parts) else None
+            ok = (type(part) is torch.Tensor and part.layout == torch.strided and part.device.type != "meta"
+                  and part.numel() == self.numels[k] and part.device == positions.device)
+            got.append(probe(part, positions) if ok else None)  # type: ignore[arg-type]
+        return got
+
+
+def _finish(probes: list[list[torch.Tensor | None]]) -> list[list[list[float] | None]]:
+    """Probed elements as JSON numbers (None for a part that could not be probed or holds a
+    NaN or Inf), one synchronise."""
+    flat = [p for row in probes for p in row if p is not None]
+    values = iter(torch.stack(flat).cpu().tolist()) if flat else iter(())
+    out: list[list[list[float] | None]] = []
+    for row in probes:
+        out.append([])
+        for p in row:
+            v = next(values) if p is not None else None
+            finite = v is not None and all(x == x and abs(x) != float("inf") for x in v)
+            out[-1].append(v if finite else None)
+    return out
+
+
+def _private_like(args: list[Any]) -> list[Any]:
+    """A live input set: private tensors shaped and strided like `args` (filled by a refill)."""
+    return [torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a)
+            if isinstance(a, torch.Tensor) else a for a in args]
+
+
+class FreshFeed(Feed):
+    """The runner's timed calls (timing.py): two live input sets, refilled before every call from
+    the judge's pool (timed call i gets pool set i % len(pool)); each timed output probed before
+    the next call, and the last one per pool set copied for the judge."""
+
+    def __init__(self, pool: list[list[Any]], probes: list[_Probe]) -> None:
+        super().__init__(pool)
+        self.pool, self.probes = pool, probes
+        self.live = [_private_like(pool[0]), _private_like(pool[1])]
+        self.taken: list[list[torch.Tensor | None]] = []
+        self.turn = 0
+
+    def next_inputs(self) -> list[Any]:
+        j = self.calls % len(self.pool)
+        self.calls += 1
+        self.turn += 1
+        live = self.live[self.turn % 2]
+        with torch.no_grad():
+            for dst, src in zip(live, self.pool[j], strict=True):
+                if isinstance(dst, torch.Tensor):
+                    dst.copy_(src)
+        return [src if not isinstance(dst, torch.Tensor) else dst for dst, src in zip(live, self.pool[j], strict=True)]
+
+    def seen(self, out: Any, remaining: int) -> None:
+        j = (self.calls - 1) % len(self.pool)
+        self.taken.append(self.probes[j].take(out))
+        if remaining < len(self.pool):  # the last call on pool set j: a copy, read before the next call
+            parts = out if type(out) in (tuple, list) else (out,)
+            copies = [p.clone() if type(p) is torch.Tensor else p for p in parts]
+            self.last[j] = copies if type(out) in (tuple, list) else copies[0]
+
+
 class _Shape:
-    def __init__(self, model: torch.nn.Module, checks: list[list[Any]], timing: list[list[Any]]) -> None:
-        self.model, self.checks, self.timing = model, checks, timing
+    def __init__(self, model: torch.nn.Module, checks: list[list[Any]], timing: list[list[Any]],
+                 probes: list[_Probe], proof: list[list[list[Any]]], proof_probes: list[list[_Probe]]) -> None:
+        self.model, self.checks, self.timing, self.probes = model, checks, timing, probes
+        self.proof, self.proof_probes = proof, proof_probes
 
 
 def _factors(value: Any) -> dict[str, float]:
@@ -141,26 +220,26 @@ class _Runner:
 
         checks = [[shared(v) for v in inputs] for inputs in values["checks"]]
         timing = [[_place(shared(v), self.device)[0] for v in inputs] for inputs in values["timing"]]
-        self.loaded[request["shape"]] = _Shape(model, checks, timing)
+        proof = [[[_place(shared(v), self.device)[0] for v in inputs] for inputs in batch] for batch in values["proof"]]
+        probes = [_Probe(spec, self.device) for spec in request["probes"]]
+        proof_probes = [[_Probe(spec, self.device) for spec in batch] for batch in request["proof_probes"]]
+        self.loaded[request["shape"]] = _Shape(model, checks, timing, probes, proof, proof_probes)
         return {}, []
 
     def _op_call(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
         shape = self.loaded[request["shape"]]
         placed = [_place(v, self.device) for v in shape.checks[request["check"]]]
         args = [arg for arg, _ in placed]
-        header: dict[str, Any]
-        if request.get("log_ops"):
-            header, out = {"ops": audit.op_log(shape.model, args)}, None
+        header: dict[str, Any] = {}
+        if request.get("log_ops"):  # the call is judged like any other: its output comes back too
+            header["ops"], out = audit.op_log(shape.model, args)
         else:
             with torch.no_grad(), scaled_state(shape.model, _factors(request.get("state_scale"))):
                 out = shape.model(*args)
-            header = {}
         self._sync()
         for arg, view in placed:
             if view is not None:
                 view.copy_(arg)  # what the call did to its inputs, for the judge to see
-        if request.get("log_ops"):
-            return header, []
         meta, blobs = encode_output(out)
         header.update(state=torch_global_state(), outputs=[meta])
         return header, blobs
@@ -168,15 +247,42 @@ class _Runner:
     def _op_time(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
         shape = self.loaded[request["shape"]]
         kwargs = {} if self.setup["rep_ms"] is None else {"rep_ms": self.setup["rep_ms"]}
+        feed = FreshFeed(shape.timing, shape.probes)
         if self.device == "cuda":
-            stats, last = time_cuda(shape.model, shape.timing, l2_bytes=self.l2_bytes, **kwargs)
+            stats, last = time_cuda(shape.model, None, feed=feed, l2_bytes=self.l2_bytes, **kwargs)
         else:
-            stats, last = time_cpu(shape.model, shape.timing, **kwargs)
+            stats, last = time_cpu(shape.model, None, feed=feed, **kwargs)
         self._sync()
         encoded = [encode_output(out) for out in last]
         header = {"samples_ms": list(stats.samples_ms), "wall_ms": stats.wall_ms, "state": torch_global_state(),
-                  "outputs": [meta for meta, _ in encoded]}
+                  "probes": _finish(feed.taken), "outputs": [meta for meta, _ in encoded]}
         return header, [blob for _, blobs in encoded for blob in blobs]
+
+    def _op_proof(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
+        """One floor batch (timing.floor_ms): each of its input sets called once, back to back, each
+        call timed with the timed loop's clock and its output probed before the next call; one
+        synchronise at the end. The judge times the whole request with its own clock."""
+        shape = self.loaded[request["shape"]]
+        batch = request["batch"]
+        taken, samples = [], []
+        with torch.no_grad():
+            for args, probes in zip(shape.proof[batch], shape.proof_probes[batch], strict=True):
+                if self.device == "cuda":
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    out = shape.model(*args)
+                    end.record()
+                    samples.append((start, end))
+                else:
+                    t = time.perf_counter_ns()
+                    out = shape.model(*args)
+                    samples.append((time.perf_counter_ns() - t) / 1e6)
+                taken.append(probes.take(out))
+                del out
+        self._sync()
+        if self.device == "cuda":
+            samples = [start.elapsed_time(end) for start, end in samples]
+        return {"probes": _finish(taken), "samples_ms": samples}, []
 
     def _op_host_sync(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
         shape = self.loaded[request["shape"]]

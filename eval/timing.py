@@ -1,28 +1,70 @@
-"""The one GPU timer (`time_cuda`) and its CPU counterpart (`time_cpu`).
+"""The one GPU timer (`time_cuda`), its CPU counterpart (`time_cpu`), and the judge's floor
+under what a runner claims (`floor_ms`, `claim_problem`).
 
 Method of `time_cuda` (Triton's `do_bench` pattern, made stricter):
 
-1. Warm-up: calls on the rotating input sets, synchronised, until both `min_warmup` calls and
+1. Warm-up: calls on fresh input values (below), synchronised, until both `min_warmup` calls and
    `warmup_ms` of wall time have passed — JIT builds, autotuning and CUDA-graph capture happen
    here, never in the timed region.
 2. Estimate: 5 synchronised calls give a per-call time; the iteration count is
    `rep_ms / estimate`, clamped to [`min_iters`, `max_iters`].
-3. Timed loop, one CUDA event pair per call on the current stream: before each call a buffer of
-   twice the L2 size is zeroed (cold L2 for every call) and the device is synchronised, then
-   start event, the call, end event. The GPU is idle when the start event runs, so a sample is
-   the call's whole latency: host dispatch plus GPU work, for every contestant alike (without
-   the synchronise, dispatch overlaps the flush by a varying amount, and launch-bound calls
-   measured 0.3–0.45 ms for a 0.4 ms median on an H200). Calls rotate over at least two input
-   sets, so an output cache keyed on the inputs cannot serve a timed call; the last output per
-   input set is returned so the caller can check what the timed calls computed.
+3. Timed loop, one CUDA event pair per call on the current stream: before each call its inputs
+   are refilled and a buffer of twice the L2 size is zeroed (cold L2 for every call) and the
+   device is synchronised, then start event, the call, end event. The GPU is idle when the start
+   event runs, so a sample is the call's whole latency: host dispatch plus GPU work, for every
+   contestant alike (without the synchronise, dispatch overlaps the flush by a varying amount,
+   and launch-bound calls measured 0.3–0.45 ms for a 0.4 ms median on an H200).
 4. Statistic: median, with p10, p90, min and the iteration count, computed by `summarize` from
    the raw per-call samples, which the record keeps (`samples_ms`): when candidate code is timed
    in the runner process, the judge recomputes the statistic from those samples itself.
 
+**Fresh inputs, every timed output checked** (a `Feed`). Calls alternate over at least two input
+sets (live tensors, the same objects each time, so pointer-keyed setup survives), and before every
+call — outside the timed region — the live set is refilled from a pool of at least three input
+sets whose references the judge computed: a live set never sees the same values twice in a row,
+so an output cache keyed on tensor identity, data pointer or `_version`, or served only when a
+timing function is on the stack, hands back an output for other values. After each call (outside
+the timed region, before the next call) the runner reads PROBE_ELEMENTS elements of each output
+part at positions seeded by the judge, which checks them against the reference under the
+problem's tolerance (correctness.probe_problem — the rule every output is held to, so it never
+refuses an honest output): every timed output is verified, for the price of a gather per call
+instead of a full comparison (a GPU loop makes up to 2000 calls), and the last output for each
+pool set is also copied and compared in full. A stale output with a fraction f of its elements
+off passes one call's probe with probability (1 − f)^PROBE_ELEMENTS. Chosen over a fresh seed
+per call (a reference per timed call would cost the judge as much as the timing) and over K
+static sets (values repeat, so an identity cache hits). A cache keyed on a fingerprint of the
+values can still serve the pool's repeats; the floor below sees it, as its batches run on values
+never shown before. Because each output is read before the next call, **a kernel may return the
+same persistent output buffer on every call**; a tuple's parts are probed separately.
+
+**Evidence the runner cannot forge** (`batch_problem`, `floor_ms`). Samples are taken in the
+runner, which candidate code can take over (patch `time.perf_counter_ns` or
+`torch.cuda.Event.elapsed_time`). So the judge also asks for PROOF_ROUNDS batches of
+back-to-back calls, each on an input set never used before (no flush, no per-call synchronise:
+one at the end), timed by the runner's clock call by call *and* by the judge's own clock around
+the whole request. The runner cannot answer before the calls are done — the reply carries their
+probed elements, checked like the timed ones. Two rules:
+
+- *same calls, two clocks*: in at least one batch, the runner's samples must add up to
+  PROOF_CLAIM_FACTOR of the judge's wall time less PROOF_ROUNDTRIP_MS and the judge's own
+  measurement of the per-call probe (×2). A patched clock shrinks every batch and is refused as
+  an integrity violation; a hiccup outside the calls only inflates one batch.
+- *the floor*: the lowest batch's judge time per call (less the same allowances) bounds a warm
+  call from below; a claimed median of the cold timed loop below FLOOR_CLAIM_FACTOR × that floor
+  is refused. It catches what makes only the timed loop fast (a cache serving the pool's repeats).
+  The factor is loose because the conditions differ: on a 2-core CPU a cold call (after the 64 MB
+  flush) measured ~2.7× a warm one, so **a lie told only inside the timed loop, by a candidate
+  that recognises the loop, can still pass the floor on the CPU** (tests/test_redteam_judge.py
+  keeps it as a known gap); on a GPU, where warm and cold calls differ by L2 residency only, the
+  floor is closer. Where a batch's calls are too short to stand out of the round-trip allowance
+  (launch-bound shapes) both rules weaken, and the floor says so by being 0.
+
 Known biases: events on the current stream miss work on other streams (the caller cross-checks
-wall time); for launch-bound calls (tens of µs) host dispatch is a large share of the time,
+wall time, and the probe, enqueued after the call, reads outputs the stream has not waited
+for); for launch-bound calls (tens of µs) host dispatch is a large share of the time,
 which is what a caller pays but not what the GPU does; clocks are not locked (the GPU is
-measured as found, after a spin-up that lifts it from idle clocks).
+measured as found, after a spin-up that lifts it from idle clocks). The refill copies the
+inputs before each call, which leaves part of them in the L2 that the flush then evicts.
 """
 
 from __future__ import annotations
@@ -39,13 +81,47 @@ from .settings import (
     CPU_FLUSH_BYTES,
     CPU_TIMER,
     CUDA_TIMER,
+    FLOOR_CLAIM_FACTOR,
     L2_FLUSH_FACTOR,
     MIN_FLUSH_BYTES,
     MIN_INPUT_SETS,
+    PROOF_CLAIM_FACTOR,
+    PROOF_ROUNDTRIP_MS,
     SPIN_UP_MS,
 )
 
 Inputs = Sequence[Any]
+
+
+class Feed:
+    """Where a timer's calls get their inputs and what it does with their outputs.
+
+    This base rotates over fixed input sets and keeps the last output per set (the baselines,
+    which are trusted code, are timed so); the runner's `FreshFeed` refills and projects."""
+
+    def __init__(self, input_sets: Sequence[Inputs]) -> None:
+        if len(input_sets) < MIN_INPUT_SETS:
+            raise ValueError(f"time on at least {MIN_INPUT_SETS} rotating input sets, got {len(input_sets)}")
+        self.sets = input_sets
+        self.calls = 0
+        self.last: list[Any] = [None] * len(input_sets)
+
+    def start_timed(self) -> None:
+        """The timed loop begins: the calls from here on are the ones the caller checks."""
+        self.calls = 0
+
+    def next_inputs(self) -> Inputs:
+        """The next call's inputs (outside the timed region)."""
+        self.calls += 1
+        return self.sets[(self.calls - 1) % len(self.sets)]
+
+    def seen(self, out: Any, remaining: int) -> None:
+        """A timed call's output, before the next call (outside the timed region); `remaining`
+        timed calls follow it."""
+        self.last[(self.calls - 1) % len(self.sets)] = out
+
+    def done(self) -> None:
+        """After the timed loop (the device synchronised)."""
 
 
 @dataclass(frozen=True)
@@ -74,9 +150,38 @@ def summarize(samples_ms: Sequence[float], wall_ms: float) -> TimeStats:
                      wall_ms, samples)
 
 
-def _check_sets(input_sets: Sequence[Inputs]) -> None:
-    if len(input_sets) < MIN_INPUT_SETS:
-        raise ValueError(f"time on at least {MIN_INPUT_SETS} rotating input sets, got {len(input_sets)}")
+def floor_ms(batches: Sequence[tuple[float, int]], extra_per_call_ms: float) -> float:
+    """The judge's lower bound on one call's time from its own clock: for each batch (judge wall
+    ms around the request, calls in it), (wall − PROOF_ROUNDTRIP_MS) / calls − extra_per_call_ms;
+    the lowest batch wins (a hiccup only raises a batch). Never below 0."""
+    if not batches:
+        raise ValueError("a floor needs at least one batch")
+    return max(0.0, min((wall - PROOF_ROUNDTRIP_MS) / calls for wall, calls in batches) - extra_per_call_ms)
+
+
+def batch_problem(batches: Sequence[tuple[float, int, float]], extra_per_call_ms: float) -> str | None:
+    """Why the runner's own samples of the floor batches cannot be true, or None: for each batch
+    (judge wall ms, calls, the runner's summed samples ms), the samples must cover at least
+    PROOF_CLAIM_FACTOR of the judge's wall less the allowances, in at least one batch (a hiccup
+    outside the calls only hurts one batch; a patched clock shrinks every batch's claim)."""
+    covered = [claimed / max(wall - PROOF_ROUNDTRIP_MS - calls * extra_per_call_ms, 1e-9)
+               for wall, calls, claimed in batches]
+    if max(covered) < PROOF_CLAIM_FACTOR:
+        wall, calls, claimed = batches[covered.index(max(covered))]
+        return (f"the runner's clock says {calls} back-to-back calls took {claimed:.4f} ms, the judge's clock "
+                f"{wall:.4f} ms around them (less {PROOF_ROUNDTRIP_MS:g} ms for the round trip and "
+                f"{extra_per_call_ms:.4f} ms per call for the probe; claims below {PROOF_CLAIM_FACTOR:g}× "
+                f"that are refused)")
+    return None
+
+
+def claim_problem(median_ms: float, floor: float) -> str | None:
+    """Why a claimed median cannot be true given the judge's floor, or None."""
+    if median_ms < FLOOR_CLAIM_FACTOR * floor:
+        return (f"the runner claims a median of {median_ms:.4f} ms per call, but back-to-back calls on fresh "
+                f"inputs took at least {floor:.4f} ms each by the judge's clock (claims below "
+                f"{FLOOR_CLAIM_FACTOR:g}× that are refused)")
+    return None
 
 
 def _iterations(per_call_ms: float, rep_ms: float, min_iters: int, max_iters: int) -> int:
@@ -92,57 +197,73 @@ def spin_up(buffer: torch.Tensor, ms: float = SPIN_UP_MS) -> None:
         torch.cuda.synchronize()
 
 
+def _feed(input_sets: Sequence[Inputs] | None, feed: Feed | None) -> Feed:
+    if feed is None:
+        if input_sets is None:
+            raise ValueError("time needs input sets or a feed")
+        return Feed(input_sets)
+    return feed
+
+
 @torch.no_grad()
 def time_cuda(
     fn: Callable[..., Any],
-    input_sets: Sequence[Inputs],
+    input_sets: Sequence[Inputs] | None,
     *,
     l2_bytes: int,
+    feed: Feed | None = None,
     warmup_ms: float = CUDA_TIMER.warmup_ms,
     min_warmup: int = CUDA_TIMER.min_warmup,
     rep_ms: float = CUDA_TIMER.rep_ms,
     min_iters: int = CUDA_TIMER.min_iters,
     max_iters: int = CUDA_TIMER.max_iters,
 ) -> tuple[TimeStats, list[Any]]:
-    """Time `fn(*inputs)` on a CUDA device as the module docstring describes."""
-    _check_sets(input_sets)
-    n = len(input_sets)
+    """Time `fn(*inputs)` on a CUDA device as the module docstring describes; inputs come from
+    `feed` (or rotate over `input_sets`). Returns the stats and the feed's last output per set."""
+    feed = _feed(input_sets, feed)
     flush = torch.empty(max(L2_FLUSH_FACTOR * l2_bytes, MIN_FLUSH_BYTES) // 4, dtype=torch.int32, device="cuda")
     spin_up(flush)
     start = time.perf_counter()
     calls = 0
     while calls < min_warmup or (time.perf_counter() - start) * 1e3 < warmup_ms:
-        fn(*input_sets[calls % n])
+        fn(*feed.next_inputs())
         torch.cuda.synchronize()
         calls += 1
+    estimate = [feed.next_inputs() for _ in range(5)]  # refills happen before the clock starts
+    torch.cuda.synchronize()
     t0 = time.perf_counter()
-    for i in range(5):
-        fn(*input_sets[i % n])
+    for args in estimate:
+        fn(*args)
     torch.cuda.synchronize()
     per_call_ms = (time.perf_counter() - t0) * 1e3 / 5
     iters = _iterations(per_call_ms, rep_ms, min_iters, max_iters)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    last: list[Any] = [None] * n
     torch.cuda.synchronize()
+    feed.start_timed()
     wall0 = time.perf_counter()
     for i in range(iters):
+        args = feed.next_inputs()
         flush.zero_()
         torch.cuda.synchronize()
         starts[i].record()
-        last[i % n] = fn(*input_sets[i % n])
+        out = fn(*args)
         ends[i].record()
+        feed.seen(out, iters - 1 - i)
+        del out
     torch.cuda.synchronize()
     wall_ms = (time.perf_counter() - wall0) * 1e3
+    feed.done()
     samples = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
-    return summarize(samples, wall_ms), last
+    return summarize(samples, wall_ms), feed.last
 
 
 @torch.no_grad()
 def time_cpu(
     fn: Callable[..., Any],
-    input_sets: Sequence[Inputs],
+    input_sets: Sequence[Inputs] | None,
     *,
+    feed: Feed | None = None,
     flush_bytes: int = CPU_FLUSH_BYTES,
     warmup_ms: float = CPU_TIMER.warmup_ms,
     min_warmup: int = CPU_TIMER.min_warmup,
@@ -152,22 +273,29 @@ def time_cpu(
 ) -> tuple[TimeStats, list[Any]]:
     """Time `fn(*inputs)` on the CPU with `perf_counter`, a cache-sized buffer written before
     each call. CPU timings are labelled `cpu_wall` and never compared with GPU timings."""
-    _check_sets(input_sets)
-    n = len(input_sets)
+    feed = _feed(input_sets, feed)
     flush = torch.empty(flush_bytes // 4, dtype=torch.int32)
     start = time.perf_counter()
     calls = 0
+    busy_ns = 0
     while calls < min_warmup or (time.perf_counter() - start) * 1e3 < warmup_ms:
-        fn(*input_sets[calls % n])
+        args = feed.next_inputs()
+        t = time.perf_counter_ns()
+        fn(*args)
+        busy_ns += time.perf_counter_ns() - t
         calls += 1
-    per_call_ms = (time.perf_counter() - start) * 1e3 / calls
-    iters = _iterations(per_call_ms, rep_ms, min_iters, max_iters)
+    iters = _iterations(busy_ns / 1e6 / calls, rep_ms, min_iters, max_iters)
     samples: list[float] = []
-    last: list[Any] = [None] * n
+    feed.start_timed()
     wall0 = time.perf_counter()
     for i in range(iters):
+        args = feed.next_inputs()
         flush.zero_()
         t = time.perf_counter_ns()
-        last[i % n] = fn(*input_sets[i % n])
+        out = fn(*args)
         samples.append((time.perf_counter_ns() - t) / 1e6)
-    return summarize(samples, (time.perf_counter() - wall0) * 1e3), last
+        feed.seen(out, iters - 1 - i)
+        del out
+    wall_ms = (time.perf_counter() - wall0) * 1e3
+    feed.done()
+    return summarize(samples, wall_ms), feed.last

@@ -317,6 +317,6 @@ def test_attacks_on_the_judge_fail_for_the_right_reason(graded) -> None:
     assert rows["forges_result"]["speedup_vs_compile"] is None
     for name in ("patches_compare", "rewrites_references", "shadows_a_grader_module"):
         assert "out of tolerance" in rows[name]["message"], rows[name]["message"]
-    assert "a timed call on input set" in rows["lazy_after_warmup"]["message"]
+    assert "timed call" in rows["lazy_after_warmup"]["message"]
     assert "the runner broke the protocol" in rows["sends_garbage"]["message"]
     assert "plain torch.Tensor, got a tuple of 1" in rows["returns_a_list"]["message"]

@@ -61,3 +61,39 @@ def test_normalised_error_is_reported_on_a_pass() -> None:
     ref = torch.ones(100)
     verdict = compare(ref, ref * 1.001, atol=0.01, rtol=0.01)
     assert verdict.ok and verdict.rel_err == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_a_probe_never_refuses_an_output_within_tolerance() -> None:
+    from kernelboard.eval.correctness import probe, probe_positions, probe_problem
+
+    ref = torch.randn(1000)
+    positions = probe_positions(7, ref.numel(), "cpu")
+    assert torch.equal(positions, probe_positions(7, ref.numel(), "cpu"))  # the judge and the runner agree
+    honest = ref + 0.019 * torch.sign(torch.randn(1000))
+    assert probe_problem(ref, positions, probe(honest, positions).tolist(), 0.02, 0.0) is None
+    stale = torch.randn(1000)
+    assert "probed elements out of tolerance" in probe_problem(ref, positions, probe(stale, positions).tolist(),
+                                                                0.02, 0.02)
+
+
+def test_a_claim_below_the_judges_clock_is_refused() -> None:
+    # Runner's samples sum to half the judge's wall for the same 20 calls: refused in every batch.
+    assert "judge's clock" in timing.batch_problem([(20.5, 20, 10.0), (21.0, 20, 10.2)], 0.0)
+    # One batch inflated by a hiccup outside the calls: the other one vouches.
+    assert timing.batch_problem([(40.0, 20, 19.8), (20.6, 20, 19.9)], 0.0) is None
+    floor = timing.floor_ms([(20.5, 20), (30.0, 20)], 0.0)
+    assert floor == pytest.approx(1.0)
+    assert timing.claim_problem(0.2, floor) is not None and timing.claim_problem(0.5, floor) is None
+
+
+def test_an_aliased_sdpa_is_seen_by_the_function_mode() -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from kernelboard.eval.audit import op_log
+
+    def attend(q):
+        with sdpa_kernel([SDPBackend.MATH]):
+            return getattr(torch.nn.functional, "scaled_dot_" + "product_attention")(q, q, q)
+
+    ops, out = op_log(attend, [torch.randn(1, 2, 3, 4)])
+    assert "torch:scaled_dot_product_attention" in ops and out.shape == (1, 2, 3, 4)
