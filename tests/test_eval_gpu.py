@@ -17,6 +17,7 @@ pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[1]
 HOUSE = ROOT / "data" / "submissions" / "hard" / "20261129_190000_house_kernelboard-house_03_paged_attention"
+HOUSE_SOURCE = (HOUSE / "solution.py").read_text()
 
 SOURCES = {
     "reference": "from reference import Model, get_inputs, get_init_inputs  # noqa: F401\n",
@@ -56,10 +57,90 @@ class Model(reference.Model):
         _oob[(1,)](query, y)
         return super().forward(query, kv_cache, block_table, seq_lens)
 """,
+    # The CUDA event timer halved in the runner: the judge's clock around the floor batches sees it.
+    "event_timer_halved": HOUSE_SOURCE + """
+import torch
+_elapsed = torch.cuda.Event.elapsed_time
+torch.cuda.Event.elapsed_time = lambda self, end: 0.5 * _elapsed(self, end)
+""",
+    # The real work on a private stream, no extra load, never joined: the probe enqueued on the
+    # timed stream right after the call reads an unfinished output (or the host check sees it).
+    "side_stream_light": """
+import torch
+import reference
+
+class Model(reference.Model):
+    def forward(self, query, kv_cache, block_table, seq_lens):
+        if not hasattr(self, "side"):
+            self.side = torch.cuda.Stream()
+        self.side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.side):
+            out = super().forward(query, kv_cache, block_table, seq_lens)
+        return out
+""",
+    # An output cache keyed on the inputs' data pointers (the live input tensors are reused).
+    "pointer_keyed_cache": HOUSE_SOURCE + """
+_forward = Model.forward
+def _cached(self, query, kv_cache, block_table, seq_lens):
+    memo = self.__dict__.setdefault("memo", {})
+    key = (query.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), seq_lens.data_ptr())
+    if key not in memo:
+        memo[key] = _forward(self, query, kv_cache, block_table, seq_lens)
+    return memo[key]
+Model.forward = _cached
+""",
+    # A CUDA graph captured once and replayed on every call without copying the new inputs in.
+    "stale_graph_replay": HOUSE_SOURCE + """
+import torch
+_forward = Model.forward
+def _replay(self, query, kv_cache, block_table, seq_lens):
+    graphs = self.__dict__.setdefault("graphs", {})
+    key = tuple(query.shape)
+    if key not in graphs:
+        args = [t.clone() for t in (query, kv_cache, block_table, seq_lens)]
+        _forward(self, *args)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = _forward(self, *args)
+        graphs[key] = (graph, out, args)
+    graph, out, _ = graphs[key]
+    graph.replay()
+    return out
+Model.forward = _replay
+""",
+    # Re-enables persisting L2 after the judge reset it and pins the KV cache in it on every call.
+    "persisting_l2_window": HOUSE_SOURCE + """
+import ctypes
+import torch
+from kernelboard.eval.audit import _cudart
+
+class _Window(ctypes.Structure):
+    _fields_ = [("base_ptr", ctypes.c_void_p), ("num_bytes", ctypes.c_size_t), ("hitRatio", ctypes.c_float),
+                ("hitProp", ctypes.c_int), ("missProp", ctypes.c_int)]
+
+class _Value(ctypes.Union):
+    _fields_ = [("accessPolicyWindow", _Window), ("pad", ctypes.c_char * 64)]
+
+_lib = _cudart()
+_forward = Model.forward
+def _pinned(self, query, kv_cache, block_table, seq_lens):
+    size = torch.cuda.get_device_properties(0).L2_cache_size
+    _lib.cudaDeviceSetLimit(ctypes.c_int(0x06), ctypes.c_size_t(size))
+    value = _Value()
+    value.accessPolicyWindow = _Window(kv_cache.data_ptr(), min(size, kv_cache.numel() * 2), 1.0, 2, 1)
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    _lib.cudaStreamSetAttribute(stream, ctypes.c_int(1), ctypes.byref(value))
+    return _forward(self, query, kv_cache, block_table, seq_lens)
+Model.forward = _pinned
+""",
 }
 
 EXPECTED = {"house": "pass", "illegal_access": "runtime_error", "reference": "forbidden",
-            "side_stream": "integrity_violation", "z_house_after": "pass"}
+            "side_stream": "integrity_violation", "z_house_after": "pass",
+            "event_timer_halved": "integrity_violation", "side_stream_light": ("wrong", "integrity_violation"),
+            "pointer_keyed_cache": "wrong", "stale_graph_replay": "wrong",
+            "persisting_l2_window": ("pass", "integrity_violation")}
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +167,24 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, di
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_status(graded, name: str) -> None:
     _, rows = graded
-    assert rows[name]["status"] == EXPECTED[name], rows[name]["message"]
+    expected = EXPECTED[name] if isinstance(EXPECTED[name], tuple) else (EXPECTED[name],)
+    assert rows[name]["status"] in expected, rows[name]["message"]
+
+
+def test_a_halved_event_timer_is_caught_by_the_judges_clock(graded) -> None:
+    _, rows = graded
+    assert "the judge's clock" in rows["event_timer_halved"]["message"]
+
+
+def test_a_persisting_l2_window_buys_no_speed_over_the_house_kernel(graded) -> None:
+    root, rows = graded
+    if rows["persisting_l2_window"]["status"] != "pass":
+        return
+    shapes = load_all(root / "out")["shapes"].to_pylist()
+    house = {s["shape_idx"]: s["median_ms"] for s in shapes if s["run_id"] == "house"}
+    pinned = {s["shape_idx"]: s["median_ms"] for s in shapes if s["run_id"] == "persisting_l2_window"}
+    for idx, ms in pinned.items():
+        assert ms >= 0.9 * house[idx], (idx, ms, house[idx])
 
 
 def test_messages_name_the_mechanism(graded) -> None:

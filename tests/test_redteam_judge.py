@@ -1,0 +1,291 @@
+"""Red team against the judge: solution.py is the only thing each attacker controls, and every
+attack must be refused or harmless while the honest controls pass. One CPU batch grades them all
+(03_paged_attention's CPU shapes); each test is named after what its attack tries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from grading import REEXPORT, grade
+
+PROBLEM = "03_paged_attention"
+
+_MODEL = """
+import torch
+import reference
+{prelude}
+
+class Model(reference.Model):
+    def forward(self, query, kv_cache, block_table, seq_lens):
+{body}
+"""
+
+
+def _model(body: str, prelude: str = "") -> str:
+    return _MODEL.format(prelude=prelude, body=body)
+
+
+_TIMING_ON_STACK = """
+import sys
+
+def timing_on_stack():
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name in ("time_cpu", "time_cuda", "_op_time", "_op_proof", "next_inputs", "seen"):
+            return True
+        frame = frame.f_back
+    return False
+"""
+
+# run_id -> (solution.py source, the status it must get)
+ATTACKS: dict[str, tuple[str, str]] = {
+    # Honest controls.
+    "reference_reexport": (REEXPORT, "pass"),
+    "persistent_buffer": (_model("""\
+        out = super().forward(query, kv_cache, block_table, seq_lens)
+        buf = getattr(self, "buf", None)
+        if buf is None or buf.shape != out.shape:
+            self.buf = buf = torch.empty_like(out)
+        buf.copy_(out)
+        return buf"""), "pass"),
+    # 1. The runner's clock, halved in its own process.
+    "patched_perf_counter": (REEXPORT + """
+import time
+_real = time.perf_counter_ns
+_t0 = _real()
+time.perf_counter_ns = lambda: _t0 + (_real() - _t0) // 2
+""", "integrity_violation"),
+    # 2. Output caches: by tensor identity, and served only when a timing function is on the stack.
+    "identity_cache": (_model("""\
+        key = (id(query), query.data_ptr(), tuple(query.shape))
+        memo = self.__dict__.setdefault("memo", {})
+        if key not in memo:
+            memo[key] = super().forward(query, kv_cache, block_table, seq_lens)
+        return memo[key]"""), "wrong"),
+    "stack_keyed_cache": (_model("""\
+        if timing_on_stack() and getattr(self, "last", None) is not None and self.last.shape == query.shape:
+            return self.last
+        self.last = super().forward(query, kv_cache, block_table, seq_lens)
+        return self.last""", _TIMING_ON_STACK), "wrong"),
+    # A cache keyed on a fingerprint of the values: the timing pool repeats, the floor batch does not.
+    "value_fingerprint_cache": (_model("""\
+        key = (tuple(query.shape), float(query.float().sum()), float(kv_cache.float().sum()))
+        memo = self.__dict__.setdefault("memo", {})
+        if key not in memo:
+            memo[key] = super().forward(query, kv_cache, block_table, seq_lens).clone()
+        return memo[key]"""), "integrity_violation"),
+    # 3. SDPA through an alias and forced onto its math path, which decomposes before the dispatch mode.
+    "sdpa_alias_math_path": (_model("""\
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        attend = getattr(torch.nn.functional, "scaled_dot_" + "product_attention")
+        with sdpa_kernel([SDPBackend.MATH]):
+            attend(query[:, :, None].float(), query[:, :, None].float(), query[:, :, None].float())
+        return super().forward(query, kv_cache, block_table, seq_lens)"""), "forbidden"),
+    # 4. Garbage on the first call of every new shape (the op-audit call).
+    "garbage_first_call_per_shape": (_model("""\
+        seen = self.__dict__.setdefault("seen", set())
+        if tuple(query.shape) not in seen:
+            seen.add(tuple(query.shape))
+            return torch.zeros_like(query)
+        return super().forward(query, kv_cache, block_table, seq_lens)"""), "wrong"),
+    # Reads the judge's references through the garbage collector (they live in another process).
+    "reads_references_via_gc": (_model("""\
+        import gc
+        for obj in gc.get_objects():
+            if type(obj) is torch.Tensor and obj.shape == query.shape and obj is not query \\
+                    and obj.dtype == query.dtype and obj.data_ptr() != query.data_ptr():
+                return obj.clone()
+        return torch.zeros_like(query)"""), "wrong"),
+    # Walks the call stack for anything named like a reference output.
+    "reads_references_via_inspect": (_model("""\
+        import inspect
+        for info in inspect.stack():
+            for name, value in info.frame.f_locals.items():
+                if "ref" in name and isinstance(value, torch.Tensor) and value.shape == query.shape:
+                    return value.clone()
+        return torch.zeros_like(query)"""), "wrong"),
+    # A lazy tensor subclass in place of a plain tensor.
+    "lazy_tensor_subclass": (_model("""\
+        class Lazy(torch.Tensor):
+            pass
+        return super().forward(query, kv_cache, block_table, seq_lens).as_subclass(Lazy)"""), "wrong"),
+    # Precision downcast: the inputs rounded through fp8 (two mantissa bits) before the math.
+    "downcast_to_fp8": (_model("""\
+        q = query.to(torch.float8_e5m2).to(query.dtype)
+        kv = kv_cache.to(torch.float8_e5m2).to(kv_cache.dtype)
+        return super().forward(q, kv, block_table, seq_lens)"""), "wrong"),
+    # Writes into its inputs, only while being timed (the checks never see it).
+    "writes_inputs_when_timed": (_model("""\
+        if timing_on_stack():
+            kv_cache.mul_(0.5)
+        return super().forward(query, kv_cache, block_table, seq_lens)""", _TIMING_ON_STACK), "wrong"),
+    # Computes the answer into its input and returns that input (a view of an input).
+    "returns_a_view_of_an_input": (_model("""\
+        out = super().forward(query, kv_cache, block_table, seq_lens)
+        query.copy_(out)
+        return query"""), "integrity_violation"),
+    # Monkeypatches the comparisons a judge might use, then returns zeros.
+    "patches_torch_comparisons": (_model("""\
+        return torch.zeros_like(query)""", """
+import kernelboard.eval.correctness as c
+torch.allclose = lambda *a, **k: True
+torch.equal = lambda *a, **k: True
+torch.testing.assert_close = lambda *a, **k: None
+c.probe_problem = lambda *a, **k: None
+"""), "wrong"),
+    # Patches the runner's probe so a cached output vouches for itself.
+    "patches_the_probe": (_model("""\
+        memo = self.__dict__.setdefault("memo", {})
+        key = id(query)
+        if key not in memo:
+            memo[key] = super().forward(query, kv_cache, block_table, seq_lens)
+        return memo[key]""", """
+import kernelboard.eval.correctness as c
+import kernelboard.eval.runner as r
+c.probe = r.probe = lambda out, positions: torch.zeros(len(positions), dtype=torch.float64)
+"""), "wrong"),
+    # Raises from __del__ of objects it drops on every call: ignored by Python, harmless.
+    "raises_from_del": (_model("""\
+        Bomb()
+        return super().forward(query, kv_cache, block_table, seq_lens)""", """
+class Bomb:
+    def __del__(self):
+        raise RuntimeError("boom from __del__")
+"""), "pass"),
+    # Returns an empty tensor that a thread fills after the call has returned.
+    "thread_finishes_after_return": (_model("""\
+        import threading, time
+        out = torch.empty_like(query)
+        def finish():
+            time.sleep(0.005)
+            out.copy_(reference.Model.forward(self, query.clone(), kv_cache.clone(), block_table, seq_lens))
+        threading.Thread(target=finish, daemon=True).start()
+        return out"""), "wrong"),
+    # Right only on the deck's fixed seeds (it recognises their inputs), zeros otherwise.
+    "right_only_on_deck_seeds": (_model("""\
+        known = self.__dict__.get("known")
+        if known is None:
+            known = self.known = set()
+            for seed in (42, 123, 456):
+                torch.manual_seed(seed)
+                known.add(float(reference.get_inputs()[0].float().sum()))
+        if float(query.float().sum()) in known:
+            return super().forward(query, kv_cache, block_table, seq_lens)
+        return torch.zeros_like(query)"""), "wrong"),
+}
+
+# A clock lie told only inside the timed loop (not in the judge's floor batches): on the CPU the
+# floor is warm calls, ~2.7× faster than the loop's cold ones, so a 2× lie there can slip under it.
+SELECTIVE_LIE = (_model("""\
+        return super().forward(query, kv_cache, block_table, seq_lens)""", _TIMING_ON_STACK + """
+import time
+_real = time.perf_counter_ns
+def _lying():
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_op_time":
+            return _real() // 2
+        frame = frame.f_back
+    return _real()
+time.perf_counter_ns = _lying
+"""), "integrity_violation")
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    root: Path = tmp_path_factory.mktemp("redteam")
+    subs = {name: (PROBLEM, source) for name, (source, _) in {**ATTACKS, "selective_clock_lie": SELECTIVE_LIE}.items()}
+    return grade(root, [PROBLEM], subs, timeout_s=60.0, build_timeout_s=20.0)
+
+
+def _status(graded: dict[str, dict], name: str) -> str:
+    row = graded[name]
+    assert row["status"] == ATTACKS[name][1], f"{name}: {row['status']}: {row['message']}"
+    return row["message"] or ""
+
+
+def test_the_reference_reexported_passes(graded) -> None:
+    _status(graded, "reference_reexport")
+
+
+def test_a_persistent_output_buffer_is_accepted(graded) -> None:
+    assert "every timed call" in _status(graded, "persistent_buffer")
+
+
+def test_patched_perf_counter_cannot_shrink_the_time(graded) -> None:
+    assert "the judge's clock" in _status(graded, "patched_perf_counter")
+
+
+def test_an_identity_keyed_output_cache_serves_stale_outputs(graded) -> None:
+    assert "timed call" in _status(graded, "identity_cache")
+
+
+def test_a_cache_served_only_under_the_timer_is_caught(graded) -> None:
+    assert "timed call" in _status(graded, "stack_keyed_cache")
+
+
+@pytest.mark.xfail(reason="known gap (eval/timing.py): the pool's values repeat, and on the CPU the loose floor "
+                          "(0.3 of warm calls) does not see a cache that only halves the cold timed calls",
+                   strict=False)
+def test_a_value_fingerprint_cache_cannot_beat_the_floor(graded) -> None:
+    assert "judge's clock" in _status(graded, "value_fingerprint_cache")
+
+
+def test_an_aliased_sdpa_on_its_math_path_is_seen(graded) -> None:
+    assert "torch:scaled_dot_product_attention" in _status(graded, "sdpa_alias_math_path")
+
+
+def test_garbage_on_the_first_call_of_each_shape_is_checked(graded) -> None:
+    assert "op audit" in _status(graded, "garbage_first_call_per_shape")
+
+
+def test_references_cannot_be_read_through_gc(graded) -> None:
+    _status(graded, "reads_references_via_gc")
+
+
+def test_references_cannot_be_read_through_inspect(graded) -> None:
+    _status(graded, "reads_references_via_inspect")
+
+
+def test_a_lazy_tensor_subclass_is_not_an_output(graded) -> None:
+    assert "plain torch.Tensor" in _status(graded, "lazy_tensor_subclass")
+
+
+def test_downcast_precision_fails_the_tolerance(graded) -> None:
+    assert "out of tolerance" in _status(graded, "downcast_to_fp8")
+
+
+def test_writing_inputs_only_while_timed_is_caught(graded) -> None:
+    assert "returned a wrong output" in _status(graded, "writes_inputs_when_timed")
+
+
+def test_returning_an_input_written_with_the_answer_is_refused(graded) -> None:
+    assert "wrote into input 0" in _status(graded, "returns_a_view_of_an_input")
+
+
+def test_patched_torch_comparisons_do_not_reach_the_judge(graded) -> None:
+    assert "out of tolerance" in _status(graded, "patches_torch_comparisons")
+
+
+def test_a_patched_probe_cannot_vouch_for_a_cached_output(graded) -> None:
+    assert "probed elements out of tolerance" in _status(graded, "patches_the_probe")
+
+
+def test_raising_from_del_is_harmless(graded) -> None:
+    _status(graded, "raises_from_del")
+
+
+def test_a_thread_finishing_after_return_is_caught(graded) -> None:
+    _status(graded, "thread_finishes_after_return")
+
+
+def test_right_only_on_the_deck_seeds_fails_the_fresh_ones(graded) -> None:
+    _status(graded, "right_only_on_deck_seeds")
+
+
+@pytest.mark.xfail(reason="known gap (eval/timing.py): a lie told only in the timed loop is bounded by the floor of "
+                          "warm calls, which on the CPU is ~2.7× below the cold loop's median", strict=False)
+def test_a_clock_lie_told_only_in_the_timed_loop(graded) -> None:
+    row = graded["selective_clock_lie"]
+    assert row["status"] == SELECTIVE_LIE[1], row["message"]
