@@ -16,8 +16,8 @@ It drives a runner (runner.py), the one process that imports and runs candidate 
    fresh input values each call, and every timed output is verified here through elements
    probed at judge-seeded positions (timing.py), the last one per input set in full; the
    statistics are recomputed here from the runner's raw per-call samples, and refused if they
-   claim less than the judge's own clock allows (timing.batch_problem, timing.floor_ms: batches
-   of calls on never-seen inputs, timed here around the request); the audit rules are applied
+   claim less than the judge's own clock allows (timing.batch_problem: batches of calls on
+   never-seen inputs, timed here around the request); the audit rules are applied
    here to the raw data the runner collected (forbidden torch functions, ops and kernels,
    escaped work).
 
@@ -60,7 +60,7 @@ from .plan import ShapePlan, build_model, import_file, install_shapes_module, ma
 from .probe import probe_environment
 from .protocol import Arena, TensorRef
 from .settings import BASELINE_TIMING_SEEDS, LAUNCH_BOUND_MS, TIMING_POOL_SETS
-from .timing import TimeStats, batch_problem, claim_problem, floor_ms, summarize, time_cpu, time_cuda
+from .timing import TimeStats, batch_problem, floor_ms, summarize, time_cpu, time_cuda
 
 _STARTED = time.monotonic()
 
@@ -278,10 +278,8 @@ def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sta
         reply.probes(stats.iterations), [i % pool for i in range(stats.iterations)], f"{where}: timed call")
     _verify_timed(problem, plan, reply.outputs(plan.timing_refs), "a timed call")
     floor = _floor(link, problem, plan, k, device)
-    log("worker", f"{where}: the judge's floor {floor:.4f} ms per call, claimed median {stats.median_ms:.4f} ms")
-    forged = claim_problem(stats.median_ms, floor)
-    if forged:
-        raise Failure("integrity_violation", f"{where}: {forged}")
+    log("worker", f"{where}: the judge's floor {floor:.4f} ms per warm call (its clock), the timed median "
+                  f"{stats.median_ms:.4f} ms (the runner's)")
     if device != "cuda":
         return stats, {}
     host_ms = statistics.median(link.ask("host_sync", f"{where}: host-timed calls", shape=k).samples("samples_ms"))

@@ -57,17 +57,14 @@ TIMING_POOL_SETS = 3
 #: calls, each call on an input set never used before, at most PROOF_MAX_SETS sets per batch and
 #: their inputs at most PROOF_MAX_BYTES in all, drawn until the judge's references for them took
 #: PROOF_REF_BUDGET_S (at least PROOF_MIN_SETS per batch).
-PROOF_ROUNDS, PROOF_MIN_SETS, PROOF_MAX_SETS = 3, 2, 24
-PROOF_MAX_BYTES, PROOF_REF_BUDGET_S = 4 << 30, 0.25
+PROOF_ROUNDS, PROOF_MIN_SETS, PROOF_MAX_SETS = 5, 2, 12
+PROOF_MAX_BYTES, PROOF_REF_BUDGET_S = 4 << 30, 0.1
 #: Judge wall time per batch that is not the calls' (the request's round trip, the runner's
 #: dispatch): subtracted before dividing by the calls.
 PROOF_ROUNDTRIP_MS = 0.5
 #: In at least one floor batch the runner's own samples must cover this fraction of the judge's
 #: wall time for the same calls (less the allowances): room for noise.
 PROOF_CLAIM_FACTOR = 0.7
-#: A claimed median of the (cold) timed loop below this fraction of the judge's floor (warm
-#: back-to-back calls) is refused: loose, as cold and warm calls differ (timing.py).
-FLOOR_CLAIM_FACTOR = 0.3
 #: Milliseconds of busy work that lift the GPU from idle clocks before anything is measured.
 SPIN_UP_MS = 200.0
 

@@ -1,5 +1,5 @@
-"""The one GPU timer (`time_cuda`), its CPU counterpart (`time_cpu`), and the judge's floor
-under what a runner claims (`floor_ms`, `claim_problem`).
+"""The one GPU timer (`time_cuda`), its CPU counterpart (`time_cpu`), and the judge's checks of
+what a runner claims against its own clock (`batch_problem`, `floor_ms`).
 
 Method of `time_cuda` (Triton's `do_bench` pattern, made stricter):
 
@@ -43,21 +43,24 @@ runner, which candidate code can take over (patch `time.perf_counter_ns` or
 back-to-back calls, each on an input set never used before (no flush, no per-call synchronise:
 one at the end), timed by the runner's clock call by call *and* by the judge's own clock around
 the whole request. The runner cannot answer before the calls are done — the reply carries their
-probed elements, checked like the timed ones. Two rules:
+probed elements, checked like the timed ones. One rule, and one piece of evidence:
 
 - *same calls, two clocks*: in at least one batch, the runner's samples must add up to
   PROOF_CLAIM_FACTOR of the judge's wall time less PROOF_ROUNDTRIP_MS and the judge's own
   measurement of the per-call probe (×2). A patched clock shrinks every batch and is refused as
   an integrity violation; a hiccup outside the calls only inflates one batch.
-- *the floor*: the lowest batch's judge time per call (less the same allowances) bounds a warm
-  call from below; a claimed median of the cold timed loop below FLOOR_CLAIM_FACTOR × that floor
-  is refused. It catches what makes only the timed loop fast (a cache serving the pool's repeats).
-  The factor is loose because the conditions differ: on a 2-core CPU a cold call (after the 64 MB
-  flush) measured ~2.7× a warm one, so **a lie told only inside the timed loop, by a candidate
-  that recognises the loop, can still pass the floor on the CPU** (tests/test_redteam_judge.py
-  keeps it as a known gap); on a GPU, where warm and cold calls differ by L2 residency only, the
-  floor is closer. Where a batch's calls are too short to stand out of the round-trip allowance
-  (launch-bound shapes) both rules weaken, and the floor says so by being 0.
+- *the floor* (logged, not a refusal): the lowest batch's judge time per call, less the same
+  allowances, bounds a warm call from below. It is not held against the timed loop's median,
+  because the conditions differ twice: a warm call is cheaper than a flushed one (on a 2-core
+  CPU a cold call measured ~2.7× a warm one), and a wall-clock batch taken while another process
+  holds the CPU is inflated where a median is not (an honest 07 reference under another grader's
+  load: floor 31 ms, median 3.8 ms). So **a lie told only inside the timed loop, by a candidate
+  that recognises the loop, and a cache keyed on a fingerprint of the pool's repeating values,
+  are not refused** (tests/test_redteam_judge.py keeps both as known gaps); the log shows the
+  floor beside the median for an auditor.
+
+Where a batch's calls are too short to stand out of the round-trip allowance (launch-bound
+shapes), the two-clock rule weakens, and the floor says so by being 0.
 
 Known biases: events on the current stream miss work on other streams (the caller cross-checks
 wall time, and the probe, enqueued after the call, reads outputs the stream has not waited
@@ -81,7 +84,6 @@ from .settings import (
     CPU_FLUSH_BYTES,
     CPU_TIMER,
     CUDA_TIMER,
-    FLOOR_CLAIM_FACTOR,
     L2_FLUSH_FACTOR,
     MIN_FLUSH_BYTES,
     MIN_INPUT_SETS,
@@ -172,15 +174,6 @@ def batch_problem(batches: Sequence[tuple[float, int, float]], extra_per_call_ms
                 f"{wall:.4f} ms around them (less {PROOF_ROUNDTRIP_MS:g} ms for the round trip and "
                 f"{extra_per_call_ms:.4f} ms per call for the probe; claims below {PROOF_CLAIM_FACTOR:g}× "
                 f"that are refused)")
-    return None
-
-
-def claim_problem(median_ms: float, floor: float) -> str | None:
-    """Why a claimed median cannot be true given the judge's floor, or None."""
-    if median_ms < FLOOR_CLAIM_FACTOR * floor:
-        return (f"the runner claims a median of {median_ms:.4f} ms per call, but back-to-back calls on fresh "
-                f"inputs took at least {floor:.4f} ms each by the judge's clock (claims below "
-                f"{FLOOR_CLAIM_FACTOR:g}× that are refused)")
     return None
 
 

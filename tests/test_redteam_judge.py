@@ -175,8 +175,7 @@ class Bomb:
         return torch.zeros_like(query)"""), "wrong"),
 }
 
-# A clock lie told only inside the timed loop (not in the judge's floor batches): on the CPU the
-# floor is warm calls, ~2.7× faster than the loop's cold ones, so a 2× lie there can slip under it.
+# A clock lie told only inside the timed loop (not in the judge's floor batches): a known gap.
 SELECTIVE_LIE = (_model("""\
         return super().forward(query, kv_cache, block_table, seq_lens)""", _TIMING_ON_STACK + """
 import time
@@ -225,9 +224,8 @@ def test_a_cache_served_only_under_the_timer_is_caught(graded) -> None:
     assert "timed call" in _status(graded, "stack_keyed_cache")
 
 
-@pytest.mark.xfail(reason="known gap (eval/timing.py): the pool's values repeat, and on the CPU the loose floor "
-                          "(0.3 of warm calls) does not see a cache that only halves the cold timed calls",
-                   strict=False)
+@pytest.mark.xfail(reason="known gap (eval/timing.py): the pool's values repeat, and the judge's floor is logged, "
+                          "not held against the timed median", strict=False)
 def test_a_value_fingerprint_cache_cannot_beat_the_floor(graded) -> None:
     assert "judge's clock" in _status(graded, "value_fingerprint_cache")
 
@@ -284,8 +282,8 @@ def test_right_only_on_the_deck_seeds_fails_the_fresh_ones(graded) -> None:
     _status(graded, "right_only_on_deck_seeds")
 
 
-@pytest.mark.xfail(reason="known gap (eval/timing.py): a lie told only in the timed loop is bounded by the floor of "
-                          "warm calls, which on the CPU is ~2.7× below the cold loop's median", strict=False)
+@pytest.mark.xfail(reason="known gap (eval/timing.py): a lie told only in the timed loop; the judge's floor is "
+                          "logged, not held against the timed median", strict=False)
 def test_a_clock_lie_told_only_in_the_timed_loop(graded) -> None:
     row = graded["selective_clock_lie"]
     assert row["status"] == SELECTIVE_LIE[1], row["message"]

@@ -83,7 +83,6 @@ def test_a_claim_below_the_judges_clock_is_refused() -> None:
     assert timing.batch_problem([(40.0, 20, 19.8), (20.6, 20, 19.9)], 0.0) is None
     floor = timing.floor_ms([(20.5, 20), (30.0, 20)], 0.0)
     assert floor == pytest.approx(1.0)
-    assert timing.claim_problem(0.2, floor) is not None and timing.claim_problem(0.5, floor) is None
 
 
 def test_an_aliased_sdpa_is_seen_by_the_function_mode() -> None:
