@@ -59,7 +59,7 @@ from .phases import Phases
 from .plan import ShapePlan, build_model, import_file, install_shapes_module, make_plan
 from .probe import probe_environment
 from .protocol import Arena, TensorRef
-from .settings import BASELINE_TIMING_SEEDS, LAUNCH_BOUND_MS, TIMING_POOL_SETS
+from .settings import BASELINE_TIMING_SEEDS, LAUNCH_BOUND_MS, PROOF_DISPATCH_MS, TIMING_POOL_SETS
 from .timing import TimeStats, batch_problem, floor_ms, summarize, time_cpu, time_cuda
 
 _STARTED = time.monotonic()
@@ -258,7 +258,7 @@ def _floor(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, device: 
         if len(claimed) != len(refs):
             raise reply._bad(f"'samples_ms' has {len(claimed)} samples for {len(refs)} calls")
         batches.append((wall_ms, len(refs), sum(claimed)))
-    allowance = 2.0 * _probe_ms(plan.proof_refs[0], device)
+    allowance = 2.0 * _probe_ms(plan.proof_refs[0], device) + PROOF_DISPATCH_MS
     forged = batch_problem(batches, allowance)
     if forged:
         raise Failure("integrity_violation", f"{where}: {forged}")

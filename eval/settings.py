@@ -62,6 +62,11 @@ PROOF_MAX_BYTES, PROOF_REF_BUDGET_S = 4 << 30, 0.1
 #: Judge wall time per batch that is not the calls' (the request's round trip, the runner's
 #: dispatch): subtracted before dividing by the calls.
 PROOF_ROUNDTRIP_MS = 0.5
+#: Judge wall time per call of a floor batch that is not the call's own (the runner's Python between
+#: calls: moving to the next input set, reading the probe). Measured honest: 10-30 µs on an idle
+#: 2-core CPU, more under load; an honest 9 µs call was refused with a smaller allowance. It is also
+#: the check's resolution: a clock that lies by less than this per call is not caught here.
+PROOF_DISPATCH_MS = 0.1
 #: In at least one floor batch the runner's own samples must cover this fraction of the judge's
 #: wall time for the same calls (less the allowances): room for noise.
 PROOF_CLAIM_FACTOR = 0.7

@@ -226,8 +226,8 @@ def test_the_deck_on_disk_cannot_be_edited(world) -> None:
     assert (ROOT / "eval" / "decks" / "hard" / P / "problem.yaml").read_bytes() == world["before"]["deck"]
     assert "tolerance: 1e9" not in (world["deck"] / P / "problem.yaml").read_text()
     said = world["said"]["attack_deck_edit"]
-    assert "eval/decks" not in said, f"the grader's decks are visible to the candidate: {said}"
-    assert "No such file" in said
+    tries = dict(part.rsplit(": ", 1) for part in said.split("; "))
+    assert set(tries.values()) == {"No such file or directory"}, f"a deck is visible to the candidate: {said}"
 
 
 def test_the_judge_and_other_processes_are_invisible(world) -> None:
