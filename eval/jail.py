@@ -132,6 +132,28 @@ def make_jail(*, sandboxed: bool, device: str, hide: Iterable[Path]) -> Jail:
     return Jail(found[0], found[1], tuple(dict.fromkeys(shown)), tuple(hidden), devices, memory)
 
 
+def problem_root(solution_dir: Path) -> Path:
+    """The folder holding a scratch copy's private problem copy (`problem_copy`), bound read-only."""
+    return solution_dir.parent / f"{solution_dir.name}.problem"
+
+
+def problem_copy(problem_path: Path, solution_dir: Path) -> Path:
+    """A private copy of a problem (a folder, or a single file in a foreign format) beside the
+    scratch copy, for the sandbox to read: the decks themselves stay hidden from the candidate."""
+    root = problem_root(solution_dir)
+    if problem_path.is_dir():
+        copy = root / problem_path.name
+        if not copy.exists():
+            shutil.copytree(problem_path, copy, ignore=shutil.ignore_patterns("__pycache__"))
+        return copy
+    copy = root / problem_path.parent.name / problem_path.name  # a level file: its folder names the bench
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    for sibling in problem_path.parent.glob(f"{problem_path.stem}.*"):  # the file and its overlay
+        if sibling.is_file() and not (copy.parent / sibling.name).exists():
+            shutil.copy2(sibling, copy.parent / sibling.name)
+    return copy
+
+
 def bwrap_argv(jail: Jail, *, writable: Iterable[Path], readable: Iterable[Path] = (), cwd: Path) -> list[str]:
     """The bwrap command line for `jail`: the candidate's `writable` folders bound read-write, and
     `readable` ones (its private copy of the problem) read-only."""

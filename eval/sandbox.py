@@ -16,7 +16,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -183,13 +182,12 @@ def start_prebuild(problem_path: Path, solution_dir: Path, log_path: Path, cache
     """Start compiling a solution's extensions on the CPU (see prebuild.py), in the batch's sandbox
     with a private copy of the problem; returns the process."""
     env = {**worker_env(cache_key, arch), "CUDA_VISIBLE_DEVICES": ""}
-    problem = solution_dir.parent / f"{solution_dir.name}.problem" / problem_path.name
-    shutil.copytree(problem_path, problem, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+    problem = jail.problem_copy(problem_path, solution_dir)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         return jail.start(cell, [sys.executable, "-m", "kernelboard.eval.prebuild", str(problem), str(solution_dir)],
-                          writable=[solution_dir, cache_dir(cache_key)], readable=[problem], cwd=solution_dir,
-                          env=env, device="cpu",
+                          writable=[solution_dir, cache_dir(cache_key)], readable=[jail.problem_root(solution_dir)],
+                          cwd=solution_dir, env=env, device="cpu",
                           stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).proc
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -67,16 +66,14 @@ def start_runner(job: dict[str, Any]) -> tuple[RunnerProcess, socket.socket]:
     socket. It gets a private copy of the problem folder (the decks are hidden from it) and imports
     nothing of the candidate's until the judge asks."""
     solution_dir = Path(job["solution_dir"])
-    problem = solution_dir.parent / f"{solution_dir.name}.problem" / Path(job["problem_path"]).name
-    if not problem.exists():
-        shutil.copytree(job["problem_path"], problem, ignore=shutil.ignore_patterns("__pycache__"))
+    problem = jail.problem_copy(Path(job["problem_path"]), solution_dir)
     mine, theirs = socket.socketpair()
     setup = {"problem_path": str(problem), "device": job["device"], "solution_dir": str(solution_dir),
              "rep_ms": job.get("rep_ms"), "parent_pid": os.getpid() if not job.get("jail") else None}
     command = [sys.executable, "-m", "kernelboard.eval.runner", str(theirs.fileno()), json.dumps(setup)]
     confined = jail.start(jail.Jail.from_job(job.get("jail")), command, writable=[solution_dir, *job.get("caches", [])],
                           cwd=solution_dir, env={**os.environ, "PYTHONSAFEPATH": "1"}, device=job["device"],
-                          readable=[problem], pass_fds=(theirs.fileno(),))
+                          readable=[jail.problem_root(solution_dir)], pass_fds=(theirs.fileno(),))
     theirs.close()  # only the runner holds that end now: its death is an end of stream here
     return RunnerProcess(confined), mine
 
