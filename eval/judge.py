@@ -59,7 +59,7 @@ from .phases import Phases
 from .plan import ShapePlan, build_model, import_file, install_shapes_module, make_plan
 from .probe import probe_environment
 from .protocol import Arena, TensorRef
-from .settings import BASELINE_TIMING_SEEDS, LAUNCH_BOUND_MS, PROOF_DISPATCH_MS, TIMING_POOL_SETS
+from .settings import BASELINE_TIMING_SEEDS, LAUNCH_BOUND_MS, PROOF_DISPATCH_MS, TIMING_POOL_SETS, proof_repeat
 from .timing import TimeStats, batch_problem, floor_ms, summarize, time_cpu, time_cuda
 
 _STARTED = time.monotonic()
@@ -242,23 +242,28 @@ def _probe_ms(refs: list[Output], device: str) -> float:
     return statistics.median(times)
 
 
-def _floor(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, device: str) -> float:
+def _floor(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, device: str, claimed_ms: float) -> float:
     """The judge's floor under one call's time (timing.floor_ms): each batch timed here, around
     the request, its probed elements checked like the timed calls', and the runner's own samples of
     the batch held against this clock (timing.batch_problem)."""
     where = f"shape {plan.shape.idx}"
     batches = []
+    probe_ms = 2.0 * _probe_ms(plan.proof_refs[0], device)
     for b, (refs, seeds) in enumerate(zip(plan.proof_refs, plan.proof_seeds, strict=True)):
         targets = _Targets(problem, refs, seeds)
+        repeat = proof_repeat(claimed_ms, len(refs))
         t0 = time.perf_counter()
-        reply = link.ask("proof", f"{where}: floor batch {b}", shape=k, batch=b)
+        reply = link.ask("proof", f"{where}: floor batch {b}", shape=k, batch=b, repeat=repeat)
         wall_ms = (time.perf_counter() - t0) * 1e3
         targets.check(reply.probes(len(refs)), list(range(len(refs))), f"{where}: floor batch {b}, call")
-        claimed = reply.samples("samples_ms", at_least=len(refs))
-        if len(claimed) != len(refs):
-            raise reply._bad(f"'samples_ms' has {len(claimed)} samples for {len(refs)} calls")
-        batches.append((wall_ms, len(refs), sum(claimed)))
-    allowance = 2.0 * _probe_ms(plan.proof_refs[0], device) + PROOF_DISPATCH_MS
+        calls = len(refs) * repeat
+        claimed = reply.samples("samples_ms", at_least=calls)
+        if len(claimed) != calls:
+            raise reply._bad(f"'samples_ms' has {len(claimed)} samples for {calls} calls")
+        batches.append((wall_ms - probe_ms * len(refs), calls, sum(claimed)))
+    allowance = PROOF_DISPATCH_MS[device]
+    log("worker", f"{where}: floor batches (judge ms, calls, runner's summed ms): "
+                  + ", ".join(f"({w:.2f}, {n}, {c:.2f})" for w, n, c in batches))
     forged = batch_problem(batches, allowance)
     if forged:
         raise Failure("integrity_violation", f"{where}: {forged}")
@@ -277,7 +282,7 @@ def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sta
     _Targets(problem, plan.timing_refs, plan.timing_seeds).check(
         reply.probes(stats.iterations), [i % pool for i in range(stats.iterations)], f"{where}: timed call")
     _verify_timed(problem, plan, reply.outputs(plan.timing_refs), "a timed call")
-    floor = _floor(link, problem, plan, k, device)
+    floor = _floor(link, problem, plan, k, device, stats.median_ms)
     log("worker", f"{where}: the judge's floor {floor:.4f} ms per warm call (its clock), the timed median "
                   f"{stats.median_ms:.4f} ms (the runner's)")
     if device != "cuda":

@@ -7,6 +7,7 @@ grader actually runs with without importing torch. Change a value here and both 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -62,11 +63,21 @@ PROOF_MAX_BYTES, PROOF_REF_BUDGET_S = 4 << 30, 0.1
 #: Judge wall time per batch that is not the calls' (the request's round trip, the runner's
 #: dispatch): subtracted before dividing by the calls.
 PROOF_ROUNDTRIP_MS = 0.5
-#: Judge wall time per call of a floor batch that is not the call's own (the runner's Python between
-#: calls: moving to the next input set, reading the probe). Measured honest: 10-30 µs on an idle
-#: 2-core CPU, more under load; an honest 9 µs call was refused with a smaller allowance. It is also
-#: the check's resolution: a clock that lies by less than this per call is not caught here.
-PROOF_DISPATCH_MS = 0.1
+#: Judge wall time per call of a floor batch that is not the call's own (the runner's loop between
+#: calls). Measured honest on the 2-core CPU: 15 µs a call (108 calls of 03's first CPU shape, 17.4 ms
+#: by the judge, 15.8 ms by the runner's honest clock). It is also the check's resolution: for calls
+#: shorter than about this, a lying clock is not caught here (the round trip is kept out by making
+#: each batch last PROOF_MIN_BATCH_MS).
+PROOF_DISPATCH_MS = {"cpu": 0.03, "cuda": 0.02}
+#: Each floor batch is repeated (its later passes without probes) until it should last this long by
+#: the timed median, so the request's round trip is a small part of the judge's wall time; at most
+#: PROOF_MAX_REPEAT passes (a claim of ~0 ms cannot make a batch run for ever).
+PROOF_MIN_BATCH_MS, PROOF_MAX_REPEAT = 20.0, 200
+
+
+def proof_repeat(median_ms: float, calls: int) -> int:
+    """Passes over a floor batch of `calls` calls for it to last PROOF_MIN_BATCH_MS at `median_ms` a call."""
+    return max(1, min(PROOF_MAX_REPEAT, math.ceil(PROOF_MIN_BATCH_MS / max(median_ms * calls, 1e-6))))
 #: In at least one floor batch the runner's own samples must cover this fraction of the judge's
 #: wall time for the same calls (less the allowances): room for noise.
 PROOF_CLAIM_FACTOR = 0.7

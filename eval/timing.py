@@ -172,7 +172,7 @@ def batch_problem(batches: Sequence[tuple[float, int, float]], extra_per_call_ms
         wall, calls, claimed = batches[covered.index(max(covered))]
         return (f"the runner's clock says {calls} back-to-back calls took {claimed:.4f} ms, the judge's clock "
                 f"{wall:.4f} ms around them (less {PROOF_ROUNDTRIP_MS:g} ms for the round trip and "
-                f"{extra_per_call_ms:.4f} ms per call for the probe and dispatch; claims below {PROOF_CLAIM_FACTOR:g}× "
+                f"{extra_per_call_ms:.4f} ms per call for the dispatch; claims below {PROOF_CLAIM_FACTOR:g}× "
                 f"that are refused)")
     return None
 

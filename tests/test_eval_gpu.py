@@ -124,13 +124,19 @@ class _Value(ctypes.Union):
 
 _lib = _cudart()
 _forward = Model.forward
+def _attribute(code):
+    value = ctypes.c_int()
+    _lib.cudaDeviceGetAttribute(ctypes.byref(value), ctypes.c_int(code), ctypes.c_int(0))
+    return value.value
+
 def _pinned(self, query, kv_cache, block_table, seq_lens):
-    size = torch.cuda.get_device_properties(0).L2_cache_size
-    _lib.cudaDeviceSetLimit(ctypes.c_int(0x06), ctypes.c_size_t(size))
+    persisting, window = _attribute(108), _attribute(109)  # max persisting L2 bytes, max window bytes
+    _lib.cudaDeviceSetLimit(ctypes.c_int(0x06), ctypes.c_size_t(persisting))
     value = _Value()
-    value.accessPolicyWindow = _Window(kv_cache.data_ptr(), min(size, kv_cache.numel() * 2), 1.0, 2, 1)
+    value.accessPolicyWindow = _Window(kv_cache.data_ptr(), min(window, kv_cache.numel() * 2), 1.0, 2, 1)
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
     _lib.cudaStreamSetAttribute(stream, ctypes.c_int(1), ctypes.byref(value))
+    _lib.cudaGetLastError()  # the attack's own setup must not poison the next launch
     return _forward(self, query, kv_cache, block_table, seq_lens)
 Model.forward = _pinned
 """,
@@ -138,7 +144,8 @@ Model.forward = _pinned
 
 EXPECTED = {"house": "pass", "illegal_access": "runtime_error", "reference": "forbidden",
             "side_stream": "integrity_violation", "z_house_after": "pass",
-            "event_timer_halved": "integrity_violation", "side_stream_light": ("wrong", "integrity_violation"),
+            "event_timer_halved": "integrity_violation",
+            "side_stream_light": ("wrong", "integrity_violation", "forbidden"),
             "pointer_keyed_cache": "wrong", "stale_graph_replay": "wrong",
             "persisting_l2_window": ("pass", "integrity_violation")}
 
@@ -189,7 +196,7 @@ def test_a_persisting_l2_window_buys_no_speed_over_the_house_kernel(graded) -> N
 
 def test_messages_name_the_mechanism(graded) -> None:
     _, rows = graded
-    assert "escaped the timed stream" in rows["side_stream"]["message"]
+    assert any(m in rows["side_stream"]["message"] for m in ("escaped the timed stream", "the judge's clock"))
     assert "no kernel of its own ran" in rows["reference"]["message"]
     assert "illegal memory access" in rows["illegal_access"]["message"].lower() or \
         "CUDA" in rows["illegal_access"]["message"]
