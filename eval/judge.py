@@ -59,7 +59,7 @@ from .phases import Phases
 from .plan import ShapePlan, build_model, import_file, install_shapes_module, make_plan
 from .probe import probe_environment
 from .protocol import Arena, TensorRef
-from .settings import BASELINE_TIMING_SEEDS, LAUNCH_BOUND_MS, PROOF_DISPATCH_MS, TIMING_POOL_SETS, proof_repeat
+from .settings import BASELINE_TIMING_SEEDS, LAUNCH_BOUND_MS, PROOF_DISPATCH_MS, TIMING_POOL_SETS, proof_shape
 from .timing import TimeStats, batch_problem, floor_ms, summarize, time_cpu, time_cuda
 
 _STARTED = time.monotonic()
@@ -250,10 +250,11 @@ def _floor(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, device: 
     batches = []
     probe_ms = 2.0 * _probe_ms(plan.proof_refs[0], device)
     for b, (refs, seeds) in enumerate(zip(plan.proof_refs, plan.proof_seeds, strict=True)):
+        used, repeat = proof_shape(claimed_ms, len(refs))
+        refs, seeds = refs[:used], seeds[:used]
         targets = _Targets(problem, refs, seeds)
-        repeat = proof_repeat(claimed_ms, len(refs))
         t0 = time.perf_counter()
-        reply = link.ask("proof", f"{where}: floor batch {b}", shape=k, batch=b, repeat=repeat)
+        reply = link.ask("proof", f"{where}: floor batch {b}", shape=k, batch=b, calls=used, repeat=repeat)
         wall_ms = (time.perf_counter() - t0) * 1e3
         targets.check(reply.probes(len(refs)), list(range(len(refs))), f"{where}: floor batch {b}, call")
         calls = len(refs) * repeat

@@ -267,10 +267,11 @@ class _Runner:
         synchronise at the end. The judge times the whole request with its own clock."""
         shape = self.loaded[request["shape"]]
         batch, repeat = request["batch"], int(request.get("repeat", 1))
+        used = int(request.get("calls", len(shape.proof[batch])))
         taken, samples = [], []
         with torch.no_grad():
             for rep in range(repeat):  # later passes repeat the batch without probes: a longer batch
-                for args, probes in zip(shape.proof[batch], shape.proof_probes[batch], strict=True):
+                for args, probes in zip(shape.proof[batch][:used], shape.proof_probes[batch][:used], strict=True):
                     if self.device == "cuda":
                         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                         start.record()

@@ -75,9 +75,12 @@ PROOF_DISPATCH_MS = {"cpu": 0.03, "cuda": 0.02}
 PROOF_MIN_BATCH_MS, PROOF_MAX_REPEAT = 20.0, 200
 
 
-def proof_repeat(median_ms: float, calls: int) -> int:
-    """Passes over a floor batch of `calls` calls for it to last PROOF_MIN_BATCH_MS at `median_ms` a call."""
-    return max(1, min(PROOF_MAX_REPEAT, math.ceil(PROOF_MIN_BATCH_MS / max(median_ms * calls, 1e-6))))
+def proof_shape(median_ms: float, sets: int) -> tuple[int, int]:
+    """(sets used, passes) of a floor batch with `sets` input sets at `median_ms` a call: as few sets
+    as last PROOF_MIN_BATCH_MS (at least 2), repeated until they do (at most PROOF_MAX_REPEAT passes),
+    so slow calls cost no more than they must and fast ones are not drowned by the round trip."""
+    used = max(min(2, sets), min(sets, math.ceil(PROOF_MIN_BATCH_MS / max(median_ms, 1e-6))))
+    return used, max(1, min(PROOF_MAX_REPEAT, math.ceil(PROOF_MIN_BATCH_MS / max(median_ms * used, 1e-6))))
 #: In at least one floor batch the runner's own samples must cover this fraction of the judge's
 #: wall time for the same calls (less the allowances): room for noise.
 PROOF_CLAIM_FACTOR = 0.7
