@@ -73,6 +73,8 @@ PROOF_DISPATCH_MS = {"cpu": 0.03, "cuda": 0.02}
 #: the timed median, so the request's round trip is a small part of the judge's wall time; at most
 #: PROOF_MAX_REPEAT passes (a claim of ~0 ms cannot make a batch run for ever).
 PROOF_MIN_BATCH_MS, PROOF_MAX_REPEAT = 20.0, 200
+#: Past two batches, no more floor batches once they took this much of the judge's clock in all.
+PROOF_FLOOR_BUDGET_MS = 150.0
 
 
 def proof_shape(median_ms: float, sets: int) -> tuple[int, int]:
