@@ -28,8 +28,13 @@ def test_two_graders_on_one_gpu_queue_instead_of_overlapping(tmp_path: Path) -> 
 
     with pytest.warns(LockWaitWarning, match=r"waiting for kernelboard eval grading on test-gpu \(device 0\)"):
         threads = [threading.Thread(target=grader, args=(n,)) for n in ("a", "b")]
-        for t in threads:
-            t.start()
+        threads[0].start()
+        lock = next(iter(tmp_path.glob("kernelboard-test-gpu-*.lock")), None)
+        deadline = time.monotonic() + 5
+        while (lock is None or not lock.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.01)  # b must find a holder that has said who it is
+            lock = next(iter(tmp_path.glob("kernelboard-test-gpu-*.lock")), None)
+        threads[1].start()
         for t in threads:
             t.join()
     (_, _, a1), (_, b0, _) = sorted(spans, key=lambda s: s[1])
