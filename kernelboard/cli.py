@@ -52,9 +52,9 @@ def _os_errors_are_one_line(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @main.group(invoke_without_command=True, context_settings={"ignore_unknown_options": False})
-@click.option("--deck", type=_EXISTING_DIR, default=Path("eval/decks/hard"), show_default=True,
+@click.option("--deck", type=_DIR, default=Path("eval/decks/hard"), show_default=True,
               help="Problem deck: one folder per problem with problem.yaml and reference.py.")
-@click.option("--submissions", type=_EXISTING_DIR, default=Path("data/submissions/hard"), show_default=True,
+@click.option("--submissions", type=_DIR, default=Path("data/submissions/hard"), show_default=True,
               help="One folder per run: solution.py (+ sidecar files) and run.yaml.")
 @click.option("--out", type=_DIR, default=Path("data/results"), show_default=True,
               help="Results folder; tables go to OUT/<gpu>/*.parquet, logs to OUT/<gpu>/logs/.")
@@ -94,7 +94,10 @@ def _os_errors_are_one_line(command: Callable[..., Any]) -> Callable[..., Any]:
 def eval(ctx: click.Context, gpus: str | None, **options: object) -> None:
     """Grade submissions against the deck's references: correctness first, then timing."""
     if ctx.invoked_subcommand is not None:
-        return
+        return  # `eval merge` and `eval calibrate` need neither a deck nor submissions
+    for name in ("deck", "submissions"):  # checked here, not by Click, so that subcommands run anywhere
+        if not Path(options[name]).is_dir():  # type: ignore[arg-type]
+            raise click.BadParameter(f"Directory '{options[name]}' does not exist.", param_hint=f"'--{name}'")
     from kernelboard.eval.schedule import EvalOptions, run_eval
 
     if gpus is not None:

@@ -159,3 +159,16 @@ def test_a_gpu_folder_or_an_empty_one_is_refused_with_what_was_expected(folders:
     (tmp_path / "empty").mkdir()
     empty = runner.invoke(main, ["eval", "merge", str(tmp_path / "empty"), "--into", str(dst)])
     assert empty.exit_code == 2 and "no results tables" in empty.output and "Traceback" not in empty.output
+
+
+def test_merge_runs_outside_the_repository_root(folders: tuple[Path, Path], tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """`eval merge` needs neither --deck nor --submissions, so their defaults must not be checked for it."""
+    a, b = folders
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    result = CliRunner().invoke(main, ["eval", "merge", str(a), "--into", str(b)])
+    assert result.exit_code == 0, result.output
+    refused = CliRunner().invoke(main, ["eval", "--device", "cpu"])
+    assert refused.exit_code == 2 and "'--deck'" in refused.output and "does not exist" in refused.output
