@@ -33,12 +33,21 @@ serve: site  ## build, then serve dist/ on http://127.0.0.1:8000/
 
 # Grading needs a CUDA GPU and a CUDA build of torch: .venv-eval sees the machine's own torch
 # (--system-site-packages) and adds kernelboard without touching it.
-eval:  ## grade data/submissions on this machine's GPU into data/results (EVAL_ARGS=--only GLOB …)
-	test -x .venv-eval/bin/python || $(PYTHON) -m venv --system-site-packages .venv-eval
-	.venv-eval/bin/python -c "import torch, pyarrow, yaml, click, rich" || \
+EVAL_VENV ?= .venv-eval
+
+# A virtualenv that sees every package $(PYTHON) sees: --system-site-packages covers a plain or conda
+# Python and the NGC container; where $(PYTHON) is itself a virtualenv (the H200 image's python3), a
+# .pth file adds that virtualenv's own site-packages, which --system-site-packages alone would miss.
+$(EVAL_VENV)/bin/python:
+	$(PYTHON) -m venv --system-site-packages $(EVAL_VENV)
+	$(PYTHON) -c "import site, sys; print('\n'.join(p for p in site.getsitepackages() if sys.prefix != sys.base_prefix))" \
+	  > "$$($(EVAL_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_parent_env.pth"
+
+eval: $(EVAL_VENV)/bin/python  ## grade data/submissions on this machine's GPU into data/results (EVAL_ARGS=--only GLOB …)
+	$(EVAL_VENV)/bin/python -c "import torch, pyarrow, yaml, click, rich" || \
 	  { echo "make eval needs torch (a CUDA build), pyarrow, pyyaml, click and rich in $(PYTHON)"; exit 1; }
-	.venv-eval/bin/pip install -q --no-deps --no-build-isolation -e .
-	.venv-eval/bin/kernelboard eval --deck eval/decks/hard --submissions $(DATA)/submissions/hard \
+	$(EVAL_VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
+	$(EVAL_VENV)/bin/kernelboard eval --deck eval/decks/hard --submissions $(DATA)/submissions/hard \
 	  --out $(DATA)/results $(EVAL_ARGS)
 
 # System packages the tests need: Chromium (the site tests drive it through Playwright) and bubblewrap
