@@ -25,7 +25,7 @@ from kernelboard.errors import KernelboardError, UsageError
 from .merge import has_tables, merge_results
 from .schedule import EvalOptions, select_submissions
 
-_console = Console(stderr=True)
+_console = Console(stderr=True, soft_wrap=True)  # lines a program may read never break mid-word
 
 
 def spread(runs_per_problem: Counter[str], n: int) -> list[list[str]]:

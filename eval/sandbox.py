@@ -33,7 +33,7 @@ from . import jail
 from .jail import Jail
 from .locks import hold, lock_dir
 
-_console = Console(stderr=True)
+_console = Console(stderr=True, soft_wrap=True)  # lines a program may read never break mid-word
 
 
 @dataclass(frozen=True)

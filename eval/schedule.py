@@ -46,7 +46,7 @@ from .settings import BASELINE_VARIANTS, GRADER_VERSION, baseline_reusable
 from .submission import Submission, discover
 from .tables import finish_pending, read_table, table_path, upsert, upsert_together
 
-_console = Console(stderr=True)
+_console = Console(stderr=True, soft_wrap=True)  # lines a program may read never break mid-word
 
 
 @dataclass(frozen=True)
