@@ -242,17 +242,28 @@ def make_cgroup(memory_bytes: int) -> Cgroup | None:
         return None
 
 
-def confine(jail: Jail, cgroup: Cgroup | None, device: str) -> None:
+def rlimits(jail: Jail, cgroup: Cgroup | None, device: str) -> list[tuple[int | None, int, str | None]]:
+    """The rlimits a sandboxed tree gets, decided in the parent, as (resource or None for a note alone,
+    value, what the result row says of it): process count and memory only where no cgroup holds them."""
+    limits: list[tuple[int | None, int, str | None]] = [
+        (resource.RLIMIT_NOFILE, MAX_OPEN_FILES, None), (resource.RLIMIT_CORE, 0, None)]
+    if cgroup is None:
+        limits.append((resource.RLIMIT_NPROC, MAX_PROCESSES + _processes_of_user(),
+                       "processes ≤ " + (f"{MAX_PROCESSES} more (RLIMIT_NPROC)" if os.getuid() != 0 else
+                                         "unlimited (root: RLIMIT_NPROC is not enforced and no cgroup could be made)")))
+        limits.append((resource.RLIMIT_DATA, jail.memory_bytes, f"memory ≤ {jail.memory_bytes >> 30} GiB (RLIMIT_DATA)")
+                      if device == "cpu" and jail.memory_bytes else (None, 0, "memory unlimited (GPU)"))
+    limits.append((resource.RLIMIT_FSIZE, MAX_FILE_BYTES, f"files ≤ {MAX_FILE_BYTES >> 30} GiB each"))
+    return limits
+
+
+def confine(cgroup: Cgroup | None, limits: list[tuple[int | None, int, str | None]]) -> None:
     """In the child, before exec (a `preexec_fn`): join the cgroup and set the rlimits."""
     for procs in cgroup.procs if cgroup else ():
         procs.write_text(str(os.getpid()))
-    limits = [(resource.RLIMIT_FSIZE, MAX_FILE_BYTES), (resource.RLIMIT_NOFILE, MAX_OPEN_FILES),
-              (resource.RLIMIT_CORE, 0)]
-    if cgroup is None:
-        limits.append((resource.RLIMIT_NPROC, MAX_PROCESSES + _processes_of_user()))
-        if device == "cpu" and jail.memory_bytes:
-            limits.append((resource.RLIMIT_DATA, jail.memory_bytes))
-    for which, value in limits:
+    for which, value, _ in limits:
+        if which is None:
+            continue
         _, hard = resource.getrlimit(which)
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
         with contextlib.suppress(ValueError, OSError):
@@ -270,13 +281,9 @@ def _processes_of_user() -> int:
     return count
 
 
-def limit_notes(jail: Jail, cgroup: Cgroup | None, device: str) -> list[str]:
-    """What `confine` puts in force, for the result row."""
-    notes = list(cgroup.notes) if cgroup else [
-        "processes ≤ " + (f"{MAX_PROCESSES} more (RLIMIT_NPROC)" if os.getuid() != 0
-                          else "unlimited (root: RLIMIT_NPROC is not enforced and no cgroup could be made)"),
-        f"memory ≤ {jail.memory_bytes >> 30} GiB (RLIMIT_DATA)" if device == "cpu" else "memory unlimited (GPU)"]
-    return [*notes, f"files ≤ {MAX_FILE_BYTES >> 30} GiB each", "no network"]
+def limit_notes(cgroup: Cgroup | None, limits: list[tuple[int | None, int, str | None]]) -> list[str]:
+    """What `confine` puts in force, for the result row: the cgroup's limits, then the rlimits'."""
+    return [*(cgroup.notes if cgroup else []), *(note for _, _, note in limits if note), "no network"]
 
 
 @dataclass
@@ -303,9 +310,10 @@ def start(jail: Jail, command: list[str], *, writable: Iterable[Path], cwd: Path
                                 **popen)
         return Confined(proc, None, UNSANDBOXED)
     cgroup = make_cgroup(jail.memory_bytes)
+    limits = rlimits(jail, cgroup, device)
     argv = bwrap_argv(jail, writable=writable, readable=readable, cwd=cwd) + command
     proc = subprocess.Popen(argv, cwd=cwd, env=scrubbed_env(env), pass_fds=pass_fds, start_new_session=True,
-                            preexec_fn=functools.partial(confine, jail, cgroup, device), **popen)
-    notes = limit_notes(jail, cgroup, device)
+                            preexec_fn=functools.partial(confine, cgroup, limits), **popen)
+    notes = limit_notes(cgroup, limits)
     return Confined(proc, cgroup, f"bubblewrap {jail.version}: own mount, pid, net, ipc, uts namespaces; "
                                   f"read-only system, sees only its scratch copy; {'; '.join(notes)}")

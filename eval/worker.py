@@ -41,7 +41,7 @@ class RunnerProcess:
 
     def __init__(self, confined: jail.Confined) -> None:
         self.confined, self.pid = confined, confined.proc.pid
-        self.sandboxed = confined.cgroup is not None or confined.description != jail.UNSANDBOXED
+        self.sandboxed = confined.description != jail.UNSANDBOXED
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):

@@ -315,13 +315,18 @@ def _solution(run_dir: Path) -> dict[str, bytes]:
     return files
 
 
+def _board_name(run: KbhRun) -> str:
+    """The GPU the source's board names, else our datasheet name for its key."""
+    return run.board_name or (GPUS[run.gpu].name if run.gpu in GPUS else run.gpu)
+
+
 def _off_board(run: KbhRun, install: KbhInstall, meta: dict[str, Any]) -> str | None:
     """Why the source keeps this graded run off its board, or None when it is a board cell."""
     note = (install.annotations.get(run.run_id.removesuffix("-" + run.gpu)) or (None, None))[1]
     if isinstance(note, dict) and note.get("board_eligible") is False:
         where = f" on an {note['gpu']}" if note.get("gpu") else ""
         return (f"KernelBench-Hard's audit marks this run board_eligible: false (graded{where}, not the board's "
-                f"{run.board_name or GPUS[run.gpu].name if run.gpu in GPUS else run.gpu}; "
+                f"{_board_name(run)}; "
                 f"{note.get('measurement_status') or 'not a board measurement'})")
     if run.cell is not None or run.gpu not in install.boards:
         return None
@@ -370,7 +375,7 @@ def _result(run: KbhRun, meta: dict[str, Any], problem: Problem | None,
     message = f"KernelBench-Hard ({where}): {said}"
     row: dict[str, Any] = {
         "run_id": run.run_id, "gpu": run.gpu, "status": status, "message": message, "n_shapes": 0,
-        "timer": "cuda_event", "device_name": run.board_name or (GPUS[run.gpu].name if run.gpu in GPUS else run.gpu),
+        "timer": "cuda_event", "device_name": _board_name(run),
         "graded_at": _graded_at(run), "grader_version": GRADER_VERSION, "measured_by": MEASURED_BY,
     }
     if status != "pass":
