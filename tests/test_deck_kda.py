@@ -145,7 +145,9 @@ def test_reference_equals_the_literal_algorithm(problem: Problem, ref: types.Mod
     scale, chunk = shape.params["K"] ** -0.5, shape.params["CHUNK_SIZE"]
     ours = ref.kda_forward_fp32(*inputs, scale, chunk).double()
     expected = literal_kda(*inputs, scale, chunk)
-    assert float((ours - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
+    # fp32 rounding only: 1.7e-7 of the largest output on this machine's CPU, 5.3e-5 on the CI's (its BLAS
+    # kernels sum in another order). A 1% error in the decay g already moves the output by 4.6e-3.
+    assert float((ours - expected).abs().max()) <= 5e-4 * float(expected.abs().max())
     assert torch.equal(ref.Model(*ref.get_init_inputs())(*inputs), ours.float().to(torch.bfloat16))
 
 
@@ -161,7 +163,7 @@ def test_chunked_form_equals_the_token_recurrence(problem: Problem, ref: types.M
     expected = recurrent_kda(*inputs, scale)
     for chunk in (16, 32, 64):
         ours = ref.kda_forward_fp32(*inputs, scale, chunk).double()
-        assert float((ours - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
+        assert float((ours - expected).abs().max()) <= 5e-4 * float(expected.abs().max()), chunk  # as above
 
 
 def test_long_memory_outputs_past_the_split_come_only_from_the_carried_state(problem: Problem,
