@@ -297,8 +297,9 @@ def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sta
                   f"{stats.median_ms:.4f} ms (the runner's)")
     if device != "cuda":
         return stats, {}
-    host_ms = statistics.median(link.ask("host_sync", f"{where}: host-timed calls", shape=k).samples("samples_ms"))
-    escaped = audit.escaped_work(host_ms, stats.median_ms)
+    synced = link.ask("host_sync", f"{where}: host-timed calls", shape=k)
+    host_ms = statistics.median(synced.samples("host_ms"))
+    escaped = audit.escaped_work(statistics.median(synced.samples("residue_ms")), stats.median_ms)
     if escaped:
         raise Failure("integrity_violation", f"{where}: {escaped}")
     kernels = link.ask("kernels", f"{where}: profiled call", shape=k).strings("kernels")

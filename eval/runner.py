@@ -114,27 +114,26 @@ def _private_like(args: list[Any]) -> list[Any]:
 
 
 class FreshFeed(Feed):
-    """The runner's timed calls (timing.py): two live input sets, refilled before every call from
-    the judge's pool (timed call i gets pool set i % len(pool)); each timed output probed before
-    the next call, and the last one per pool set copied for the judge."""
+    """The runner's timed calls (timing.py): one live input set — the same tensors, at the same
+    addresses, on every call — refilled in place before every call from the judge's pool (timed
+    call i gets pool set i % len(pool)); each timed output probed before the next call, and the
+    last one per pool set copied for the judge."""
 
     def __init__(self, pool: list[list[Any]], probes: list[_Probe]) -> None:
         super().__init__(pool)
         self.pool, self.probes = pool, probes
-        self.live = [_private_like(pool[0]), _private_like(pool[1])]
+        self.live = _private_like(pool[0])
         self.taken: list[list[torch.Tensor | None]] = []
-        self.turn = 0
 
     def next_inputs(self) -> list[Any]:
         j = self.calls % len(self.pool)
         self.calls += 1
-        self.turn += 1
-        live = self.live[self.turn % 2]
         with torch.no_grad():
-            for dst, src in zip(live, self.pool[j], strict=True):
+            for dst, src in zip(self.live, self.pool[j], strict=True):
                 if isinstance(dst, torch.Tensor):
                     dst.copy_(src)
-        return [src if not isinstance(dst, torch.Tensor) else dst for dst, src in zip(live, self.pool[j], strict=True)]
+        return [dst if isinstance(dst, torch.Tensor) else src
+                for dst, src in zip(self.live, self.pool[j], strict=True)]
 
     def seen(self, out: Any, remaining: int) -> None:
         j = (self.calls - 1) % len(self.pool)
@@ -293,7 +292,7 @@ class _Runner:
     def _op_host_sync(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
         shape = self.loaded[request["shape"]]
         assert self.flush is not None
-        return {"samples_ms": audit.host_synced_samples_ms(shape.model, shape.timing, self.flush)}, []
+        return audit.host_synced_samples_ms(shape.model, shape.timing, self.flush), []
 
     def _op_kernels(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
         shape = self.loaded[request["shape"]]

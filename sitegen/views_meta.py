@@ -214,7 +214,7 @@ def methodology(data: SiteData) -> dict[str, Any]:
         "min_input_sets": settings.MIN_INPUT_SETS,
         "spin_up_ms": settings.SPIN_UP_MS,
         "launch_bound_ms": settings.LAUNCH_BOUND_MS,
-        "escape_factor": settings.ESCAPE_FACTOR,
+        "escape_fraction": settings.ESCAPE_FRACTION,
         "escape_slack_ms": settings.ESCAPE_SLACK_MS,
         "library_kernel": settings.LIBRARY_KERNEL.pattern,
         "baseline_timing_seeds": settings.BASELINE_TIMING_SEEDS,
