@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import textwrap
 from pathlib import Path
@@ -181,25 +182,39 @@ EXPECTED = {"house": "pass", "illegal_access": "runtime_error", "reference": "fo
             "in_call_sync": "pass", "graph_on_input_pointers": "pass"}
 
 
+class _Graded(dict):
+    """Result rows by case; a case left out by KERNELBOARD_GPU_CASES skips the tests that need it."""
+
+    def __missing__(self, name: str) -> dict:
+        pytest.skip(f"{name} not graded (KERNELBOARD_GPU_CASES)")
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict]]:
+    """Every case graded in one batch (compile:max-autotune left out: a mechanism test needs a
+    compile baseline, not the slowest one); KERNELBOARD_GPU_CASES=a,b grades only those cases (the
+    house kernel always), for a device budget too short for the whole suite."""
     root = tmp_path_factory.mktemp("gpu")
     deck = root / "deck" / "03_paged_attention"
     shutil.copytree(ROOT / "eval" / "decks" / "hard" / "03_paged_attention", deck)
     spec = yaml.safe_load((deck / "problem.yaml").read_text())
     spec["shapes"] = spec["shapes"][:2]  # two shapes keep the test short
     (deck / "problem.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    wanted = set(filter(None, os.environ.get("KERNELBOARD_GPU_CASES", "").split(","))) or set(EXPECTED)
     subs = root / "subs"
     for name in ("house", "z_house_after"):
-        shutil.copytree(HOUSE, subs / name)
+        if name == "house" or name in wanted:
+            shutil.copytree(HOUSE, subs / name)
     for name, source in SOURCES.items():
+        if name not in wanted:
+            continue
         (subs / name).mkdir(parents=True)
         (subs / name / "solution.py").write_text(textwrap.dedent(source))
         (subs / name / "run.yaml").write_text("problem: 03_paged_attention\nmodel: t\nharness: pytest\n"
                                               "agent_outcome: completed\n")
     rows = run_eval(EvalOptions(deck=root / "deck", submissions=subs, out=root / "out", device="cuda",
-                                timeout_s=300.0, rep_ms=100.0))
-    return root, {r["run_id"]: r for r in rows}
+                                timeout_s=300.0, rep_ms=100.0, skip_baselines=("compile:max-autotune",)))
+    return root, _Graded({r["run_id"]: r for r in rows})
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -237,12 +252,16 @@ def test_a_graph_keyed_on_input_pointers_is_timed_at_its_replay_not_its_capture(
         assert ms <= 1.15 * house[idx], (idx, ms, house[idx])
 
 
-def test_messages_name_the_mechanism(graded) -> None:
+@pytest.mark.parametrize("name", ["side_stream", "reference", "illegal_access"])
+def test_messages_name_the_mechanism(graded, name: str) -> None:
     _, rows = graded
-    assert any(m in rows["side_stream"]["message"] for m in ("escaped the timed stream", "the judge's clock"))
-    assert "no kernel of its own ran" in rows["reference"]["message"]
-    assert "illegal memory access" in rows["illegal_access"]["message"].lower() or \
-        "CUDA" in rows["illegal_access"]["message"]
+    message = rows[name]["message"]
+    if name == "side_stream":
+        assert any(m in message for m in ("escaped the timed stream", "the judge's clock"))
+    elif name == "reference":
+        assert "no kernel of its own ran" in message
+    else:
+        assert "illegal memory access" in message.lower() or "CUDA" in message
 
 
 def test_house_shapes_record_kernels_graph_and_host_times(graded) -> None:
