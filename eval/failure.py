@@ -11,11 +11,13 @@ from typing import Any
 
 
 class Failure(Exception):
-    """A graded outcome other than pass, raised to stop grading: carries the status."""
+    """A graded outcome other than pass, raised to stop grading: carries the status, and in `detail`
+    the whole error text the runner reported (a compiler's output, say), which the one-line message
+    cuts: `reproducible.classify` reads it after the failure."""
 
-    def __init__(self, status: str, message: str) -> None:
+    def __init__(self, status: str, message: str, detail: str = "") -> None:
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.detail = status, message, detail
 
 
 def one_line(kind: str, text: str, limit: int = 400) -> str:

@@ -7,7 +7,8 @@ the namespace's init dies and the kernel kills everything left in it, `setsid` e
 Inside it sees:
 
 - read-only: the system (`/usr`, `/etc`, `/opt`, `/sys`), the Python installation and the grader's
-  own package folders — with the decks folder inside them replaced by an empty tmpfs;
+  own package folders — with the decks folder inside them replaced by an empty tmpfs — and the
+  CUTLASS headers builds are given (`cutlass_headers.py`) where they lie elsewhere;
 - read-write: its scratch copy of the submission and that solution's compile caches, nothing else;
 - its own `/proc` (no other process of ours is visible), a minimal `/dev` plus, on a GPU, the
   `/dev/nvidia*` device nodes; a private `/tmp`; no network interface but loopback;
@@ -39,6 +40,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .cutlass_headers import find_cutlass
+
 #: The `sandbox` column of a row graded without one.
 UNSANDBOXED = "unsandboxed (--unsandboxed): candidate code ran as the grader's user, with its view of the machine"
 
@@ -46,7 +49,7 @@ UNSANDBOXED = "unsandboxed (--unsandboxed): candidate code ran as the grader's u
 JAIL_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH",
             "PYTHONPATH", "TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "PYTHONDONTWRITEBYTECODE",
             "PYTHONUNBUFFERED", "PYTHONSAFEPATH", "TRITON_INTERPRET", "TORCH_CUDA_ARCH_LIST", "CUTLASS_PATH",
-            "CPLUS_INCLUDE_PATH", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "OMP_NUM_THREADS",
+            "CPATH", "CPLUS_INCLUDE_PATH", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "OMP_NUM_THREADS",
             "MKL_NUM_THREADS")
 
 #: System folders shown read-only (those that exist; a symlink such as /bin -> usr/bin is recreated).
@@ -124,6 +127,11 @@ def make_jail(*, sandboxed: bool, device: str, hide: Iterable[Path]) -> Jail:
     import kernelboard.eval
 
     shown = [p for p in SYSTEM_PATHS if os.path.lexists(p)] + _package_folders()
+    cutlass = find_cutlass()  # the CUTLASS headers builds see (on CPATH): shown read-only where not already
+    if cutlass is not None:
+        root = str(cutlass.root.resolve())
+        if not any(root == s.rstrip("/") or root.startswith(s.rstrip("/") + "/") for s in shown):
+            shown.append(root)
     hide = [*hide, *(Path(p) / "decks" for p in kernelboard.eval.__path__)]  # the grader's own decks, always
     hidden = sorted({str(Path(h).resolve()) for h in hide if Path(h).is_dir()
                      if any(str(Path(h).resolve()).startswith(s.rstrip("/") + "/") for s in shown)})

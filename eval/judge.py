@@ -302,8 +302,9 @@ def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sta
     escaped = audit.escaped_work(statistics.median(synced.samples("residue_ms")), stats.median_ms)
     if escaped:
         raise Failure("integrity_violation", f"{where}: {escaped}")
-    kernels = link.ask("kernels", f"{where}: profiled call", shape=k).strings("kernels")
-    problems = audit.kernel_problems(problem, kernels)
+    reply = link.ask("kernels", f"{where}: profiled call", shape=k)
+    kernels, own = reply.strings("kernels"), reply.strings("own") if reply.header.get("own") is not None else None
+    problems = audit.kernel_problems(problem, kernels, own, str(reply.header.get("origin", ""))[:1000])
     if problems:
         raise Failure("forbidden", f"{where}: {'; '.join(problems)}")
     return stats, {"host_ms": host_ms, "kernels": kernels}

@@ -220,7 +220,8 @@ class RunnerLink:
         if reply.header["ok"] is not True:
             err = reply.header["error"]
             if not keep_error:
-                raise Failure(status_of(err, importing), f"{what}: {one_line(err['type'], err['text'])}")
+                raise Failure(status_of(err, importing), f"{what}: {one_line(err['type'], err['text'])}",
+                              detail=err["text"])
             reply.error = err
         return reply
 

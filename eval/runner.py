@@ -9,13 +9,13 @@ rewrite objects in memory, raise SystemExit, `os._exit`) it does to this process
 judge checks outputs, recomputes statistics and applies the rules on its side.
 
 What a runner (a candidate that takes it over) can still lie about, because only this process
-sees it: which ops and kernels ran, torch's global switches (the state check is a tripwire for
-honest mistakes), the device an output lived on, and whether an output was a plain tensor when
-it was timed. The times it reports (samples, host-synchronised samples, graph replays) are its
-own too, but the judge holds them against its own clock around batches of calls on inputs never
-shown before (timing.py says how far that bound reaches). It cannot make a wrong output pass —
-every timed output is probed, the last per input set compared in full — read the references, or
-write the verdict.
+sees it: which ops and kernels ran and which kernels are its own, torch's global switches (the
+state check is a tripwire for honest mistakes), the device an output lived on, and whether an
+output was a plain tensor when it was timed. The times it reports (samples, host-synchronised
+samples, graph replays) are its own too, but the judge holds them against its own clock around
+batches of calls on inputs never shown before (timing.py says how far that bound reaches). It
+cannot make a wrong output pass — every timed output is probed, the last per input set compared
+in full — read the references, or write the verdict.
 
 Its process group is its own, so the judge kills it with everything it started, and it dies with
 the judge (PR_SET_PDEATHSIG). Its stdout and stderr are the judge's: the same log.
@@ -177,6 +177,7 @@ class _Runner:
         self.loaded: dict[int, _Shape] = {}
         self.flush: torch.Tensor | None = None
         self.l2_bytes = 0
+        self.origins: audit.KernelOrigins | None = None  # read once per runner: _op_kernels
         if self.device == "cuda":
             torch.cuda.init()
 
@@ -295,8 +296,21 @@ class _Runner:
         return audit.host_synced_samples_ms(shape.model, shape.timing, self.flush), []
 
     def _op_kernels(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
+        """The kernels one call launches, which of them came from the candidate's code (by where
+        they come from: audit.own_kernels; None where that cannot be told) and how that was decided.
+        A name over the protocol's 4096 characters (a CUTLASS 3 instantiation) keeps its head and
+        its parameter list."""
         shape = self.loaded[request["shape"]]
-        return {"kernels": audit.timed_kernels(shape.model, shape.timing[0])}, []
+        kernels = audit.timed_kernels(shape.model, shape.timing[0])
+        if self.origins is None:
+            self.origins = audit.KernelOrigins(Path(self.setup["solution_dir"]))
+        own, origin = audit.own_kernels(kernels, self.origins)
+
+        def short(k: str) -> str:
+            return k if len(k) <= 4000 else f"{k[:2999]}…{k[-1000:]}"
+
+        return {"kernels": [short(k) for k in kernels], "own": None if own is None else [short(k) for k in own],
+                "origin": origin}, []
 
     def _op_graph(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
         shape = self.loaded[request["shape"]]

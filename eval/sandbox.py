@@ -13,12 +13,12 @@ the budgets too, so the worker (the judge) enforces them first on the runner it 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -30,6 +30,7 @@ from rich.console import Console
 from kernelboard.errors import KernelboardError, UsageError
 
 from . import jail
+from .cutlass_headers import find_cutlass
 from .jail import Jail
 from .locks import hold, lock_dir
 
@@ -44,16 +45,20 @@ class WorkerOutcome:
 
 
 def cutlass_include() -> Path | None:
-    """CUTLASS headers shipped by the `nvidia-cutlass` package, if installed (so CUTLASS-based
-    solutions compile without cloning CUTLASS themselves)."""
-    spec = importlib.util.find_spec("cutlass_library")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for root in spec.submodule_search_locations:
-        include = Path(root) / "source" / "include"
-        if (include / "cutlass" / "cutlass.h").is_file():
-            return include
-    return None
+    """The main CUTLASS include folder builds see (`cutlass_headers.find_cutlass`: $KERNELBOARD_CUTLASS,
+    $CUTLASS_PATH, else the `nvidia-cutlass` package), so CUTLASS-based solutions compile without
+    cloning CUTLASS themselves; None without one."""
+    found = find_cutlass()
+    return found.includes[0] if found is not None else None
+
+
+def cutlass_line() -> str:
+    """What the worker's log says about CUTLASS: which one builds see, or that there is none."""
+    found = find_cutlass()
+    if found is None:
+        return ("[grader] CUTLASS: none (no $KERNELBOARD_CUTLASS / $CUTLASS_PATH, no nvidia-cutlass package): "
+                "#include <cutlass/...> only resolves against the submission's own files")
+    return f"[grader] CUTLASS: {found.describe()} (on CPATH and CPLUS_INCLUDE_PATH)"
 
 
 def cache_dir(cache_key: str) -> Path:
@@ -80,10 +85,11 @@ def worker_env(cache_key: str, arch: str | None = None, interpret: bool = False)
         env["TRITON_INTERPRET"] = "1"
     if arch and "TORCH_CUDA_ARCH_LIST" not in os.environ:
         env["TORCH_CUDA_ARCH_LIST"] = arch
-    include = cutlass_include()
-    if include is not None:
-        env["CUTLASS_PATH"] = str(include.parent)
-        env["CPLUS_INCLUDE_PATH"] = os.pathsep.join(filter(None, [str(include), os.environ.get("CPLUS_INCLUDE_PATH")]))
+    cutlass = find_cutlass()
+    if cutlass is not None:  # first on the include path of gcc, and so of nvcc and load_inline / load
+        env["CUTLASS_PATH"] = str(cutlass.root)
+        for var in ("CPATH", "CPLUS_INCLUDE_PATH"):
+            env[var] = os.pathsep.join([*map(str, cutlass.includes), *filter(None, [os.environ.get(var)])])
     return env
 
 
@@ -131,7 +137,9 @@ def run_worker(job: dict[str, Any], workdir: Path, log_path: Path, timeout_s: fl
         log = open(log_path, "a" if log_header else "w")  # noqa: SIM115 (closed by the with below)
         if log_header:
             log.write(f"{log_header}\n")
-            log.flush()
+        if job.get("kind") == "grade":
+            log.write(f"{cutlass_line()}\n")
+        log.flush()
     start = time.perf_counter()
     phase, phase_start = None, start
     with log:
@@ -177,25 +185,54 @@ def run_worker(job: dict[str, Any], workdir: Path, log_path: Path, timeout_s: fl
     return WorkerOutcome(result, seconds, log_path)
 
 
+@dataclass
+class Prebuild:
+    """A running prebuild and when it started and ended (`time.monotonic`): a watcher thread
+    stamps the end as the process exits, so its duration is known even when it finished long
+    before the batch reached its submission."""
+
+    proc: subprocess.Popen[bytes]
+    started: float
+    ended: float | None = None
+
+    def watch(self) -> Prebuild:
+        def stamp() -> None:
+            self.proc.wait()
+            self.ended = time.monotonic()
+
+        threading.Thread(target=stamp, daemon=True, name="prebuild-watch").start()
+        return self
+
+
 def start_prebuild(problem_path: Path, solution_dir: Path, log_path: Path, cache_key: str,
-                   arch: str | None, cell: Jail) -> subprocess.Popen[bytes]:
+                   arch: str | None, cell: Jail) -> Prebuild:
     """Start compiling a solution's extensions on the CPU (see prebuild.py), in the batch's sandbox
-    with a private copy of the problem; returns the process."""
+    with a private copy of the problem; returns the running prebuild."""
     env = {**worker_env(cache_key, arch), "CUDA_VISIBLE_DEVICES": ""}
     problem = jail.problem_copy(problem_path, solution_dir)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
-        return jail.start(cell, [sys.executable, "-m", "kernelboard.eval.prebuild", str(problem), str(solution_dir)],
+        log.write(f"{cutlass_line()}\n")
+        log.flush()
+        started = time.monotonic()
+        proc = jail.start(cell, [sys.executable, "-m", "kernelboard.eval.prebuild", str(problem), str(solution_dir)],
                           writable=[solution_dir, cache_dir(cache_key)], readable=[jail.problem_root(solution_dir)],
                           cwd=solution_dir, env=env, device="cpu",
                           stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).proc
+    return Prebuild(proc, started).watch()
 
 
-def finish_prebuild(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    """Let a prebuild finish (up to `timeout_s`), then make sure its whole group is gone."""
+def finish_prebuild(prebuild: Prebuild, timeout_s: float) -> float:
+    """Let a prebuild finish (up to `timeout_s`), then make sure its whole group is gone; returns
+    its wall time in seconds (start to exit, or to now when it was cut off)."""
     with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=timeout_s)
-    _kill_group(proc)
+        prebuild.proc.wait(timeout=timeout_s)
+    _kill_group(prebuild.proc)
+    for _ in range(100):  # the watcher stamps the exit a moment after wait() returns here
+        if prebuild.ended is not None:
+            break
+        time.sleep(0.001)
+    return (prebuild.ended or time.monotonic()) - prebuild.started
 
 
 @contextlib.contextmanager

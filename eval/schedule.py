@@ -36,10 +36,12 @@ from rich.table import Table
 
 from kernelboard.errors import SubmissionError, UsageError
 
+from .cutlass_headers import find_cutlass
 from .deck import Problem, load_deck
 from .hardware import GPUS, GpuSpec, gpu_key
 from .jail import Jail, make_jail
-from .sandbox import driver_version, finish_prebuild, gpu_lock, probe_device, run_worker, start_prebuild
+from .reproducible import classify
+from .sandbox import Prebuild, driver_version, finish_prebuild, gpu_lock, probe_device, run_worker, start_prebuild
 from .schema import DNF_OUTCOMES
 from .scoring import best_compile, result_row, shape_rows
 from .settings import BASELINE_VARIANTS, GRADER_VERSION, baseline_reusable
@@ -67,6 +69,8 @@ class EvalOptions:
     skip_baselines: tuple[str, ...] = ()  # variants not measured in this run (e.g. compile:max-autotune)
     rep_ms: float | None = None  # timing budget per shape; None = the timer's default
     unsandboxed: bool = False  # run candidate code without bubblewrap (rows say so)
+    baselines_only: bool = False  # measure the baselines of the selected runs' problems, grade nothing
+    #   (`--gpus` measures them so, once per GPU model, before spreading the runs over the GPUs)
 
     @property
     def phase_timeouts(self) -> dict[str, float]:
@@ -175,8 +179,16 @@ def _graded_solutions(opts: EvalOptions, gpu: str) -> dict[str, str | None]:
 def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem: Problem | None,
                      sub: Submission, env: dict[str, Any], baselines: dict[int, dict[str, Any]],
                      scratch: Path, driver: str | None,
-                     on_phase: Callable[[str], None] | None = None, cell: Jail | None = None) -> dict[str, Any]:
-    """Grade (or classify without grading) one submission and write its rows; returns its result row."""
+                     on_phase: Callable[[str], None] | None = None, cell: Jail | None = None,
+                     prebuild_s: float = 0.0) -> dict[str, Any]:
+    """Grade (or classify without grading) one submission and write its rows; returns its result row.
+
+    `graded_at` is stamped when grading ends (after the worker returns); `grade_seconds` is the worker's
+    wall time plus `prebuild_s`, the wall time of this solution's own prebuild (the CPU compile of
+    its extensions, which usually overlaps the previous grading): what grading it costs, compile
+    included, whether or not the batch had to wait for it. A failed build or run is relabelled
+    `needs_other_arch` or `not_reproducible` where `reproducible.classify` finds the cause outside the
+    kernel's reach on this GPU."""
     common = {"run_id": sub.run_id, "gpu": gpu, "env": env, "timer": _timer(opts.device),
               "grader_version": GRADER_VERSION, "driver_version": driver, "graded_at": _now()}
     outcome = sub.meta["agent_outcome"]
@@ -206,11 +218,19 @@ def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem:
         res = run_worker(job, workdir, log, opts.timeout_s, sub.solution_sha256() or sub.run_id,
                          opts.phase_timeouts, env.get("capability"), on_phase)
         result = res.result
+        common["graded_at"] = _now()  # the end of grading, not its start
+        status, message = result.get("status", "runtime_error"), result.get("message", "?")
+        relabelled = classify(status, message, str(result.get("error_text") or ""), sub.folder,
+                              (result.get("env") or env).get("capability"), ran_in=workdir, cutlass=find_cutlass())
+        if relabelled is not None:
+            with contextlib.suppress(OSError), log.open("a") as fh:  # the log says why, after the worker's lines
+                fh.write(f"[grader] {status} relabelled {relabelled[0]}: {relabelled[1]}\n")
+            status, message = relabelled
         shapes = shape_rows(problem, spec, sub.run_id, gpu, result.get("shapes", []), baselines,
-                            _hardware(opts.out, gpu)) if result.get("status") == "pass" else []
-        row = result_row(status=result.get("status", "runtime_error"), message=result.get("message", "?"),
-                         shapes=shapes, seeds=result.get("seeds"), grade_seconds=round(res.seconds, 2),
-                         log_path=str(log.relative_to(opts.out)), **{**common, "env": result.get("env") or env})
+                            _hardware(opts.out, gpu)) if status == "pass" else []
+        row = result_row(status=status, message=message, shapes=shapes, seeds=result.get("seeds"),
+                         grade_seconds=round(res.seconds + prebuild_s, 2), log_path=str(log.relative_to(opts.out)),
+                         **{**common, "env": result.get("env") or env})
         row["sandbox"] = result.get("sandbox")
         if row["status"] == "pass":
             variants = {v for idx in baselines if (b := best_compile(baselines[idx])) for v in [b[0]]}
@@ -250,7 +270,7 @@ def _gradeable(opts: EvalOptions, problem: Problem | None, sub: Submission) -> b
 
 
 def _prebuild(opts: EvalOptions, gpu: str, problem: Problem, sub: Submission, env: dict[str, Any],
-              scratch: Path, cell: Jail) -> subprocess.Popen[bytes]:
+              scratch: Path, cell: Jail) -> Prebuild:
     folder = scratch / f"{sub.run_id}.prebuild"
     shutil.copytree(sub.folder, folder, ignore=shutil.ignore_patterns("run.yaml", "__pycache__"))
     log = opts.out / gpu / "logs" / f"{sub.run_id}.prebuild.log"
@@ -320,10 +340,19 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
     gpu = "cpu" if opts.device == "cpu" else gpu_key(env["device_name"])
     spec = GPUS.get(gpu)
     driver = driver_version() if opts.device == "cuda" else None
-    _console.print(f"grading {len(subs)} submissions on {env['device_name']} → {opts.out / gpu}")
+    doing = "measuring the baselines for" if opts.baselines_only else "grading"
+    _console.print(f"{doing} {len(subs)} submissions on {env['device_name']} → {opts.out / gpu}")
     for run_id in finish_pending(opts.out):
         _console.print(f"  {run_id}: rows a killed batch had not finished writing, written")
     upsert(table_path(opts.out, gpu, "hardware"), "hardware", [_hardware_row(opts.out, gpu, spec, env)])
+    if opts.baselines_only:  # each problem with a run to grade, measured unless cached; nothing graded
+        needed = dict.fromkeys(s.problem for s in subs if _gradeable(opts, deck.get(s.problem), s))
+        device_lock = gpu_lock(gpu) if opts.device == "cuda" else contextlib.nullcontext()
+        with device_lock, tempfile.TemporaryDirectory(prefix="kernelboard-") as tmp:
+            for name in needed:
+                ensure_baselines(opts, gpu, deck[name], env, Path(tmp))
+        _console.print(f"baselines of {len(needed)} problem{'' if len(needed) == 1 else 's'} in {opts.out / gpu}")
+        return []
     prebuild = opts.device == "cuda" if opts.prebuild is None else opts.prebuild
     cell = jail_for(opts)
     if cell.bwrap is None:
@@ -345,27 +374,28 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
             else:
                 queue.append((sub, deck.get(sub.problem)))
         gradeable = [sub.run_id for sub, problem in queue if _gradeable(opts, problem, sub)]
-        prebuilds: dict[str, subprocess.Popen[bytes]] = {}
+        prebuilds: dict[str, Prebuild] = {}
         baselines: dict[str, dict[int, dict[str, Any]]] = {}
         for sub, problem in queue:
             progress.update(task, description=f"grading {sub.run_id}")
+            prebuild_s = 0.0
             if sub.run_id in gradeable and problem is not None:
                 nxt = gradeable.index(sub.run_id) + 1
                 if prebuild and nxt < len(gradeable):
                     nsub, nproblem = next((s, p) for s, p in queue if s.run_id == gradeable[nxt])
                     prebuilds[nsub.run_id] = _prebuild(opts, gpu, nproblem, nsub, env, scratch, cell)  # type: ignore[arg-type]
                 if sub.run_id in prebuilds:
-                    finish_prebuild(prebuilds.pop(sub.run_id), opts.build_timeout_s)
+                    prebuild_s = finish_prebuild(prebuilds.pop(sub.run_id), opts.build_timeout_s)
                 if problem.name not in baselines:
                     baselines[problem.name] = ensure_baselines(opts, gpu, problem, env, scratch)
             row = grade_submission(opts, gpu, spec, problem, sub, env, baselines.get(sub.problem, {}), scratch,
-                                   driver, functools.partial(_show_phase, progress, task, sub.run_id), cell)
+                                   driver, functools.partial(_show_phase, progress, task, sub.run_id), cell, prebuild_s)
             score = f" {row['speedup_vs_compile']:.2f}× vs compile" if row["speedup_vs_compile"] else ""
             progress.console.print(f"  {sub.run_id}: {row['status']}{score} — {row['message']}")
             rows.append(row)
             progress.advance(task)
-        for proc in prebuilds.values():
-            finish_prebuild(proc, 0)
+        for left in prebuilds.values():
+            finish_prebuild(left, 0)
     if rows:
         _console.print(summary_table(rows))
     return rows
@@ -393,8 +423,6 @@ def summary_table(rows: list[dict[str, Any]]) -> Table:
 
 def run_calibrate(out: Path, timeout_s: float = 600.0) -> dict[str, Any]:
     """Measure the GPU's achievable peaks and store them beside the datasheet ones."""
-    import json
-    import subprocess
     import sys
 
     proc = subprocess.run([sys.executable, "-m", "kernelboard.eval.calibrate"], capture_output=True, text=True,

@@ -31,6 +31,9 @@ DNF_OUTCOMES = frozenset(
 )
 
 #: Grading verdicts. `pass` alone carries a score; `dnf` only for runs whose outcome is a DNF.
+#: `needs_other_arch` (the kernel targets a newer GPU architecture than the one grading it) and
+#: `not_reproducible` (it fails for want of a file the published submission lacks) are told apart
+#: from build and runtime errors by `eval/reproducible.py`.
 STATUSES = (
     "pass",
     "wrong",
@@ -42,7 +45,12 @@ STATUSES = (
     "integrity_violation",
     "not_graded",
     "dnf",
+    "needs_other_arch",
+    "not_reproducible",
 )
+
+#: Verdicts that are not a score: never a 0, never ranked (a DNF is left out of a row's mean too).
+UNSCORED_STATUSES = frozenset({"needs_other_arch", "not_reproducible"})
 
 REGIMES = ("compute", "memory")
 
@@ -109,11 +117,11 @@ RESULTS = _schema(
     _f("torch_version", pa.string()),
     _f("triton_version", pa.string()),
     _f("python_version", pa.string()),
-    _f("graded_at", _ts, False),
+    _f("graded_at", _ts, False),  # when grading ended (after the worker returned), not when it started
     _f("grader_version", pa.string(), False),
     _f("measured_by", pa.string(), False),
     _f("seeds", pa.list_(pa.int64())),
-    _f("grade_seconds", pa.float64()),
+    _f("grade_seconds", pa.float64()),  # the worker's wall time plus its own prebuild's (the CPU compile)
     _f("log_path", pa.string()),
     # Why a graded run takes no board cell (None: it competes). Only an importer sets it, to mirror
     # another grader's curation (a run that grader graded but keeps off its board, with its reason).

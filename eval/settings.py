@@ -35,10 +35,15 @@ LAUNCH_BOUND_MS = 0.2
 #: CUDA kernels that PyTorch, its compiler or a vendor library launch — not the candidate's own:
 #: by how their names begin, or (cuBLAS's batched TRSM, `batch_trsm_left_kernel<…>(cublasTrsm…)`,
 #: seen on an H200 with torch 2.11) by a vendor library's name anywhere in the signature.
+#: Only a fallback: the runner tells the candidate's kernels by where they come from
+#: (audit.own_kernels) and the own-kernel rule uses this only where it could not. A name says little:
+#: a candidate's `gemv_w4_kernel` or its own CUTLASS instantiation looks like a library's, so the
+#: cuBLAS prefixes are the exact families (`gemv2T_`, `gemv2N_`, `gemvNSP_`, `gemmk1_`, `dot_kernel<`),
+#: not `gemv`, `gemmk` or `dot_kernel` alone.
 LIBRARY_KERNEL = re.compile(
     r"^(void )?(at::|at_cuda_detail|\(anonymous namespace\)|c10::|cub::|cutlass::Kernel|cutlass_\d|cutlass3x_|"
-    r"sm\d+_xmma|nvjet|cublas|cudnn|ampere_|volta_|turing_|hopper_|gemv|gemmk|gemmSN_|magma_|"
-    r"internal::gemvx|dot_kernel|splitKreduce|triton_(poi|red|per|tem)_|Memcpy|Memset|memcpy|memset)"
+    r"sm\d+_xmma|nvjet|cublas|cudnn|ampere_|volta_|turing_|hopper_|gemv2[NT]_|gemvNSP_|gemmk1_|gemmSN_|magma_|"
+    r"internal::gemvx|dot_kernel<|splitKreduce|triton_(poi|red|per|tem)_|Memcpy|Memset|memcpy|memset)"
     r"|cublas|cusolver|cufft|cudnn|cusparse",
     re.IGNORECASE,
 )
@@ -83,9 +88,11 @@ PROOF_FLOOR_BUDGET_MS = 150.0
 
 def proof_shape(median_ms: float, sets: int) -> tuple[int, int]:
     """(sets used, passes) of a floor batch with `sets` input sets at `median_ms` a call: as few sets
-    as last PROOF_MIN_BATCH_MS (at least 2), repeated until they do (at most PROOF_MAX_REPEAT passes),
-    so slow calls cost no more than they must and fast ones are not drowned by the round trip."""
-    used = max(min(2, sets), min(sets, math.ceil(PROOF_MIN_BATCH_MS / max(median_ms, 1e-6))))
+    as last PROOF_MIN_BATCH_MS (one call when a call alone lasts that long, else at least 2), repeated
+    until they do (at most PROOF_MAX_REPEAT passes), so slow calls cost no more than they must and
+    fast ones are not drowned by the round trip."""
+    least = 1 if median_ms >= PROOF_MIN_BATCH_MS else min(2, sets)
+    used = max(least, min(sets, math.ceil(PROOF_MIN_BATCH_MS / max(median_ms, 1e-6))))
     return used, max(1, min(PROOF_MAX_REPEAT, math.ceil(PROOF_MIN_BATCH_MS / max(median_ms * used, 1e-6))))
 #: In at least one floor batch the runner's own samples must cover this fraction of the judge's
 #: wall time for the same calls (less the allowances): room for noise.

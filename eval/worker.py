@@ -34,6 +34,8 @@ from .atomic import write_text_atomic
 from .failure import Failure, one_line
 from .phases import Phases
 
+_ERROR_TEXT = 16_000  # characters of a failure's error text kept in the result (the runner sends ≤ 4000)
+
 
 class RunnerProcess:
     """The runner as the judge holds it: a process (bwrap's, when sandboxed) with the pid, kill,
@@ -113,6 +115,8 @@ def main(argv: list[str]) -> int:
             judge.baselines(job, result)
     except Failure as failure:
         result.update(status=failure.status, message=failure.message)
+        if failure.detail:  # the whole error text, for reproducible.classify in the parent
+            result["error_text"] = failure.detail[:_ERROR_TEXT]
         if failure.__cause__ is not None:
             traceback.print_exception(failure.__cause__)
     except Exception as exc:  # escaped our wrappers: the grader's fault before candidate code ran

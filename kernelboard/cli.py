@@ -87,8 +87,11 @@ def _os_errors_are_one_line(command: Callable[..., Any]) -> Callable[..., Any]:
               help="Grade without the bubblewrap sandbox where it is not available (each row then says so). "
                    "Only for code you trust: a solution could read or rewrite anything this user can.")
 @click.option("--gpus", default=None, metavar="LIST",
-              help="Grade on these CUDA devices at once (e.g. 0,1): one grader process per GPU, problems "
-                   "spread across them, results merged into --out.")
+              help="Grade on these CUDA devices at once (e.g. 0,1): one grader process per GPU; each "
+                   "problem's baselines measured once per GPU model, then the runs spread across the GPUs; "
+                   "results merged into --out.")
+@click.option("--baselines-only", is_flag=True,
+              help="Measure the baselines of the selected runs' problems (those not cached yet) and grade nothing.")
 @click.pass_context
 @_os_errors_are_one_line
 def eval(ctx: click.Context, gpus: str | None, **options: object) -> None:

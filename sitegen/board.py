@@ -17,11 +17,12 @@ takes no cell: it is listed on its run page, its problem page and its model page
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from kernelboard.eval.schema import AGENT_OUTCOMES, STATUSES
+from kernelboard.eval.schema import AGENT_OUTCOMES, STATUSES, UNSCORED_STATUSES
 
 from .load import CPU_KEY, Annotation, Problem, Result, Run, SiteData
 
@@ -64,9 +65,10 @@ ORDERING_RULE = (
     "its Hard boards. A failure, a pass an audit flagged (reward hack, rubric leak, contamination), a "
     "pass without the board's metric, or a problem the model has no run on, scores 0; a DNF is left "
     "out of the mean (it shrinks the denominator), because the infrastructure, not the model, ended "
-    "that run. A run its source keeps off its board takes no cell. Ties go to more passes, then to "
-    "the name. House rows (the house kernel and calibration rows, harness 'house') are reference "
-    "points: shown, never ranked, and never the best."
+    "that run, and so is a kernel that needs a newer GPU architecture than the board's or cannot be "
+    "rebuilt from its published files: neither says how the model does here. A run its source keeps "
+    "off its board takes no cell. Ties go to more passes, then to the name. House rows (the house "
+    "kernel and calibration rows, harness 'house') are reference points: shown, never ranked, and never the best."
 )
 
 #: How each grading status is named on the pages.
@@ -81,6 +83,8 @@ STATUS_LABELS: dict[str, str] = {
     "integrity_violation": "integrity violation",
     "not_graded": "not graded",
     "dnf": "DNF",
+    "needs_other_arch": "needs sm_100",  # the cell says which: `status_label` reads it from the message
+    "not_reproducible": "not reproducible from the published files",
 }
 
 #: What each status means, for the legend.
@@ -97,6 +101,10 @@ STATUS_HELP: dict[str, str] = {
     "not_graded": "the run left nothing to grade (see the reason)",
     "dnf": "did not finish: the infrastructure ended the run (rate limit, provider, credits, harness); "
            "not counted against the model",
+    "needs_other_arch": "the kernel targets a newer GPU architecture than this one (e.g. B200-only tcgen05 "
+                        "code on an H200): it cannot run here; not a score, not counted against the model",
+    "not_reproducible": "the published submission lacks a file its build needs (a vendored header, a sidecar "
+                        "module, a hard-coded tool path): it cannot be rebuilt here; not a score",
 }
 
 #: CSS tone of each status: one colour family per kind of outcome; a DNF is never red.
@@ -111,6 +119,8 @@ STATUS_TONES: dict[str, str] = {
     "oom": "warn",
     "not_graded": "none",
     "dnf": "dnf",
+    "needs_other_arch": "none",
+    "not_reproducible": "none",
 }
 
 #: How each agent outcome is named on the pages (a DNF's reason is its outcome).
@@ -134,6 +144,16 @@ for _table, _known in ((STATUS_LABELS, STATUSES), (STATUS_HELP, STATUSES), (STAT
                            f"{sorted(set(_known) ^ set(_table))}")
 
 CPU_LABEL = "CPU (test timings)"
+
+_NEEDS = re.compile(r"^needs (sm_\d+[af]?)\b")
+
+
+def status_label(result: Result) -> str:
+    """How a result's status is named: STATUS_LABELS, except that `needs_other_arch` names the
+    architecture its message found ('needs sm_100a')."""
+    if result.status == "needs_other_arch" and (m := _NEEDS.match(result.message or "")):
+        return f"needs {m.group(1)}"
+    return STATUS_LABELS[result.status]
 
 
 def reason_for(run: Run, result: Result) -> str:
@@ -195,11 +215,16 @@ class Cell:
 
     @property
     def label(self) -> str:
-        return self.flag or STATUS_LABELS[self.result.status]
+        return self.flag or status_label(self.result)
 
     @property
     def tone(self) -> str:
         return "bad" if self.flag else STATUS_TONES[self.result.status]
+
+    @property
+    def unscored(self) -> bool:
+        """A verdict that is no score (UNSCORED_STATUSES): left out of the row's mean, like a DNF."""
+        return not self.flag and self.result.status in UNSCORED_STATUSES
 
     @property
     def reason(self) -> str:
@@ -273,7 +298,8 @@ def _preference(run: Run, result: Result, flagged: bool = False, metric: Metric 
     """Sort key: the smallest is the run a cell shows (see the module docstring). A pass is tier 0
     whatever it carries, so a pass without the board's metric still beats any failure; among passes,
     those with the metric come first, highest value first."""
-    tier = 1 if flagged else {"pass": 0, "not_graded": 2, "dnf": 3}.get(result.status, 1)
+    tier = 1 if flagged else {"pass": 0, "not_graded": 2, "needs_other_arch": 2, "not_reproducible": 2,
+                              "dnf": 3}.get(result.status, 1)
     value = metric.of(result)
     return (tier, value is None, -(value or 0.0), -result.graded_at.timestamp(), run.run_id)
 
@@ -344,13 +370,14 @@ def _board(data: SiteData, gpu: str, bench: str, results: list[Result], metric: 
 def score(cells: Iterable[Cell | None]) -> tuple[float | None, int, int]:
     """(score, passes, counted) of one row under ORDERING_RULE.
 
-    `counted` is the denominator: every problem on the board except this row's DNF cells. A
-    pass adds its share of the best, a failure or an empty cell (None) adds 0. The score is
-    None when nothing is counted (every cell a DNF): no evidence either way.
+    `counted` is the denominator: every problem on the board except this row's DNF cells and
+    unscored cells (`Cell.unscored`: needs another architecture, not reproducible). A pass adds its
+    share of the best, a failure or an empty cell (None) adds 0. The score is None when nothing is
+    counted (every cell a DNF or unscored): no evidence either way, and the row is not ranked.
     """
     cells = list(cells)
     passes = [c for c in cells if c is not None and c.state == "pass"]
-    counted = sum(1 for c in cells if c is None or c.state != "dnf")
+    counted = sum(1 for c in cells if c is None or (c.state != "dnf" and not c.unscored))
     total = sum(c.share or 0.0 for c in passes)
     return (total / counted if counted else None), len(passes), counted
 
@@ -412,7 +439,7 @@ class Entry:
 
     @property
     def status_label(self) -> str:
-        return flag_of(self.annotation) or STATUS_LABELS[self.result.status]
+        return flag_of(self.annotation) or status_label(self.result)
 
 
 def problem_entries(data: SiteData, bench: str, problem: str,

@@ -39,6 +39,7 @@ from .board import (
     off_board_label,
     problem_entries,
     reason_for,
+    status_label,
 )
 from .format import model_slug, num, pct, speedup
 from .highlight import highlight_file, highlight_python
@@ -400,7 +401,7 @@ def run(data: SiteData, result: Result) -> dict[str, Any]:
         "problem": prob,
         "gpu_label": gpu_label(data, result.gpu),
         "hardware": data.hardware.get(result.gpu),
-        "status_label": STATUS_LABELS[result.status],
+        "status_label": status_label(result),
         "tone": STATUS_TONES[result.status],
         "reason": reason_for(the_run, result),
         "outcome_label": OUTCOME_LABELS[the_run.agent_outcome],

@@ -150,8 +150,8 @@ class EfficiencyBoard:
 
 
 def _counted(row: Row) -> list[Cell]:
-    """The cells whose runs stand behind the row's score: every cell present that is not a DNF."""
-    return [c for c in row.cells if c is not None and c.state != "dnf"]
+    """The cells whose runs stand behind the row's score: every cell present that is not a DNF or unscored."""
+    return [c for c in row.cells if c is not None and c.state != "dnf" and not c.unscored]
 
 
 def _spend(row: Row, measure: Measure) -> tuple[float | None, int, int]:

@@ -42,8 +42,10 @@ TOLERANCE = {FP8: {"bfloat16": (0.2, 0.2)}, W4: {"bfloat16": (0.1, 0.1)}}
 STRESS = {  # name -> (scaled input positions, effective bf16 atol, rtol)
     FP8: {"small_input": ({0: 1e-3}, 5e-4, 5e-2), "large_input": ({0: 64.0}, 12.0, 5e-2),
           "small_weight": ({}, 3e-3, 5e-2)},
-    W4: {"small_activation": ({0: 1e-3}, 1e-4, 5e-2), "large_activation": ({0: 64.0}, 1.0, 5e-2)},
+    W4: {"small_activation": ({0: 1e-3}, 1e-4, 5e-2), "large_activation": ({0: 64.0}, 1.0, 5e-2),
+         "small_scales": ({}, 1e-3, 5e-2)},  # ours, not KernelBench-Hard's: a cached dequantised weight
 }
+STATE_SCALED = {FP8: {"small_weight": {"weight": 1e-2}}, W4: {"small_scales": {"scales": 1e-2}}}
 FORBIDDEN = {
     FP8: ("torch._scaled_mm", "torch.ops.aten._scaled_mm"),
     W4: ("bitsandbytes.functional.dequantize_4bit", "bitsandbytes.functional.gemv_4bit", "marlin_kernel.gemm",
@@ -103,8 +105,9 @@ def test_problem_loads_in_kernelboard_format_with_the_spec_grading(name: str) ->
     assert problem.tolerance == TOLERANCE[name]
     assert {c.name: (c.scale, *c.tolerance["bfloat16"]) for c in problem.numeric_stress} == STRESS[name]
     state_scaled = {c.name: c.state_scale for c in problem.numeric_stress if c.state_scale}
-    assert state_scaled == ({"small_weight": {"weight": 1e-2}} if name == FP8 else {})
+    assert state_scaled == STATE_SCALED[name]
     assert problem.forbidden == FORBIDDEN[name]
+    assert problem.require_own_kernel  # a timed call that ran only cuBLAS or PyTorch fails
     assert len(problem.cpu_shapes) == 2
 
 
@@ -343,6 +346,20 @@ SUBMISSIONS = {  # run_id -> (problem, solution.py, expected status)
                 return (x.float() @ self.cached).to(torch.bfloat16)
         """, "wrong"),
     "w4a16_reference": (W4, REFERENCE, "pass"),
+    # Dequantises once to bf16 and keeps the copy (what a published kernel did, running cuBLAS on it).
+    "w4a16_caches_dequantised_weight": (W4, """\
+        import torch
+        import reference
+
+
+        class Model(reference.Model):
+            def forward(self, x):
+                if not hasattr(self, "cached"):
+                    k, n, g = self.K, self.N, self.group_size
+                    codes = reference._unpack_int4(self.w_q).to(torch.bfloat16).view(k // g, g, n)
+                    self.cached = ((codes - self.zeros[:, None, :]) * self.scales[:, None, :]).view(k, n)
+                return x.to(torch.bfloat16) @ self.cached
+        """, "wrong"),
     # Forgets the zero points: every weight is code·scale instead of (code − zero)·scale.
     "w4a16_ignores_zeros": (W4, """\
         import torch
@@ -375,5 +392,6 @@ def test_cpu_grading_explains_the_failures(graded: dict[str, dict]) -> None:
     assert "out of tolerance" in graded["w4a16_ignores_zeros"]["message"]
     assert "aten::_scaled_mm" in graded["fp8_scaled_mm_alias"]["message"]
     assert "case small_weight" in graded["fp8_caches_dequantised_weight"]["message"]
+    assert "case small_scales" in graded["w4a16_caches_dequantised_weight"]["message"]
     for run_id in ("fp8_reference", "w4a16_reference"):
         assert graded[run_id]["speedup_vs_compile"] > 0 and graded[run_id]["speedup_vs_eager"] > 0

@@ -1,0 +1,443 @@
+"""Failures that say nothing about a kernel on this GPU, told apart after the fact (judge side, no torch).
+
+A kernel that fails to build or run here is a `build_error` or `runtime_error`, a score of 0 — unless
+the failure is not the kernel's doing on this GPU. Two such cases are common among published runs
+regraded on another GPU, and each gets a status that is never scored (never a 0, never ranked):
+
+- `needs_other_arch`: the kernel targets a newer architecture than the GPU grading it (tcgen05, TMEM
+  and `cta_group::` exist from sm_100a on; `-arch=sm_100a`, `compute_100`, `__CUDA_ARCH__ >= 1000`…).
+  Decided from the error text (ptxas' "not supported on .target 'sm_90a'", "requires .target
+  sm_100a", nvcc's "Unsupported gpu architecture 'compute_100a'", "no kernel image is available"…)
+  and from a text scan of the submission's files; the message names the evidence and the GPU's
+  capability.
+- `not_reproducible`: the failure's cause is a file the published submission does not contain — a
+  header no file of it or of the system provides (`fatal error: X: No such file or directory`),
+  a module or file it expects beside itself, a tool at a hard-coded absolute path this machine
+  does not have (`/usr/bin/nvcc`). The message names the missing file.
+
+Why after the failure and from text: the grader must never refuse a kernel for what it merely
+mentions (a comment about sm_100 on a kernel that works), and the evidence sits in compiler output
+and source text, which the judge can read without running anything. Why cautious: the error text
+and the files are the candidate's, so each rule asks for evidence a working kernel would not give
+(the toolchain's own words, or newer-arch code outside comments with no target for this GPU
+beside it); a comment alone never turns a failure into a non-score. Everything else stays
+`build_error` / `runtime_error`, as before.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import io
+import os
+import re
+import tokenize
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cutlass_headers import Cutlass
+
+NEEDS_OTHER_ARCH = "needs_other_arch"
+NOT_REPRODUCIBLE = "not_reproducible"
+
+_MAX_FILE_BYTES = 4 << 20  # a larger file is not source anyone reads
+_MAX_FILES = 400
+_MAX_MESSAGE = 600
+_SKIP = {"run.yaml"}
+_C_SUFFIXES = {".cu", ".cuh", ".h", ".hh", ".hpp", ".hxx", ".c", ".cc", ".cpp", ".cxx", ".inl", ".ptx", ".ipp"}
+_PROSE_SUFFIXES = {".md", ".txt", ".rst"}
+
+# ------------------------------------------------------------------------------ architectures
+
+#: Newer-architecture markers in source text (one alternative per kind; see `_arch_of`).
+_NEWER = re.compile(
+    r"(?P<tc>\btcgen05(?:\.[A-Za-z_0-9:]+)*)"
+    r"|(?P<cg>\bcta_group::[12]\b)"
+    r"|(?P<tmem>\btmem_(?:alloc|dealloc|load|store)\b|\bUMMA\b)"
+    r"|(?P<sm>(?<![A-Za-z0-9])(?:[sS][mM]|compute)_?(?P<num>1[0-2][0-9])(?P<suf>[af]?)(?![0-9]))"
+    r"|(?P<gate>__CUDA_ARCH__\s*>=?\s*(?P<gnum>1[0-2][0-9])0\b)"
+    r"|(?P<list>TORCH_CUDA_ARCH_LIST\W{1,8}(?P<lmaj>1[0-2])\.(?P<lmin>[0-9])(?P<lsuf>a?))"
+)
+
+#: The toolchain refusing newer-architecture code, in its own words (enough on their own).
+_TOOLCHAIN = (
+    re.compile(r"(?:Instruction|Feature|Modifier) '(?P<what>[^']{1,80})'[^\n]{0,40}?requires\s+\.?target\s+'?"
+               r"(?P<arch>sm_[0-9]+[af]?)"),
+    re.compile(r"requires\s+\.target\s+'?(?P<arch>sm_[0-9]+[af]?)"),
+    re.compile(r"(?:Instruction|Feature|Modifier) '(?P<what>[^']{1,80})' not supported on \.target '?sm_[0-9]+"),
+    re.compile(r"Unsupported gpu architecture '(?:compute|sm)_(?P<num>[0-9]+[af]?)'"),
+)
+
+#: Errors that point at an architecture mismatch but could come from anywhere: they count only with a
+#: newer-architecture marker in the submission's files.
+_GENERIC = re.compile(
+    r"no kernel image is available for execution on the device|invalid device function"
+    r"|(?<![A-Za-z0-9])(?:sm|compute)_?1[0-2][0-9][af]?(?![0-9])|\btcgen05\b|\bBlackwell\b",
+    re.IGNORECASE,
+)
+_FAMILY = re.compile(r"tcgen05|cta_group|tmem", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A newer-architecture marker in one of the submission's files."""
+
+    file: str  # relative to the submission
+    line: int
+    token: str
+    arch: str  # the architecture it needs: sm_100a, sm_100, sm_120…
+    code: bool  # outside comments, docstrings and prose (and not a bare name like `sm100`)
+
+    def where(self) -> str:
+        return f"{self.file}:{self.line} has {self.token!r}{'' if self.code else ' (not in code)'}"
+
+
+def own_arch(capability: str | None) -> int | None:
+    """The grading GPU's architecture number (9.0 → 90), or None when unknown (the CPU)."""
+    m = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", capability or "")
+    return int(m.group(1)) * 10 + int(m.group(2)) if m else None
+
+
+def _arch_of(m: re.Match[str]) -> str:
+    if m.group("sm"):
+        return f"sm_{m.group('num')}{m.group('suf')}"
+    if m.group("gate"):
+        return f"sm_{m.group('gnum')}"
+    if m.group("list"):
+        return f"sm_{m.group('lmaj')}{m.group('lmin')}{m.group('lsuf')}"
+    return "sm_100a"  # tcgen05, cta_group::, TMEM: the sm_100a family's
+
+
+def _family(m: re.Match[str]) -> bool:
+    return bool(m.group("tc") or m.group("cg") or m.group("tmem"))
+
+
+def runs_on(arch: str, own: int, family: bool = False) -> bool:
+    """Whether code built for `arch` can run on a GPU of architecture `own`: a plain target runs on
+    its architecture and later ones, an `a` target on that architecture only, an `f` target on that
+    family; the tcgen05 family (sm_100a, sm_101a, sm_103a, sm_110a) on 10.x and 11.x only."""
+    if family:
+        return own // 10 in (10, 11)
+    m = re.fullmatch(r"sm_(\d+)([af]?)", arch)
+    if m is None:
+        return True
+    num, suffix = int(m.group(1)), m.group(2)
+    if suffix == "a":
+        return num == own
+    if suffix == "f":
+        return num // 10 == own // 10 and num <= own
+    return num <= own
+
+
+# ------------------------------------------------------------------------------ reading the files
+
+
+def text_files(folder: Path) -> Iterator[tuple[str, str]]:
+    """(relative path, text) of every text file of a submission (run.yaml, caches and binaries left out)."""
+    if not folder.is_dir():
+        return
+    count = 0
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder).as_posix()
+        if rel in _SKIP or "__pycache__" in path.parts or any(p.startswith(".git") for p in path.parts):
+            continue
+        try:
+            if path.is_symlink() or not path.is_file() or path.stat().st_size > _MAX_FILE_BYTES:
+                continue
+            data = path.read_bytes()
+        except OSError:
+            continue
+        if b"\0" in data[:8192]:
+            continue
+        count += 1
+        if count > _MAX_FILES:
+            return
+        yield rel, data.decode("utf-8", errors="replace")
+
+
+def _blank(text: str) -> str:
+    return re.sub(r"[^\n]", " ", text)
+
+
+_C_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
+
+
+def _c_code(text: str) -> str:
+    """C/C++/CUDA/PTX text with its comments blanked (same length, same lines)."""
+    return _C_COMMENT.sub(lambda m: _blank(m.group()), text)
+
+
+def _py_code(text: str) -> str:
+    """Python text with comments and docstrings blanked, and the comments inside its other strings
+    (CUDA sources for load_inline) blanked too; unparsable text loses only its `#` comments."""
+    try:
+        tree = ast.parse(text)
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (SyntaxError, ValueError, tokenize.TokenError):
+        return re.sub(r"#[^\n]*", lambda m: _blank(m.group()), text)
+    docs = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body:
+            first = body[0]
+            value = first.value if isinstance(first, ast.Expr) else None
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                docs.add((first.lineno, first.col_offset))
+    starts = [0]
+    for line in text.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    out = list(text)
+    for tok in tokens:
+        if tok.type not in (tokenize.COMMENT, tokenize.STRING):
+            continue
+        a = starts[tok.start[0] - 1] + tok.start[1]
+        b = starts[tok.end[0] - 1] + tok.end[1]
+        piece = text[a:b]
+        if tok.type == tokenize.COMMENT or tok.start in docs:
+            out[a:b] = _blank(piece)
+        else:
+            out[a:b] = _c_code(piece)
+    return "".join(out)
+
+
+def code_view(name: str, text: str) -> str:
+    """The text with everything that is not code blanked: comments, docstrings, prose files."""
+    suffix = Path(name).suffix.lower()
+    if suffix == ".py":
+        return _py_code(text)
+    if suffix in _C_SUFFIXES:
+        return _c_code(text)
+    if suffix in _PROSE_SUFFIXES:
+        return _blank(text)
+    return text
+
+
+def newer_arch_hits(folder: Path, own: int) -> tuple[list[Hit], bool]:
+    """The markers in the submission's files of an architecture a GPU of `own` cannot run, and
+    whether its code (outside comments) also targets `own` itself (then it is a multi-target kernel,
+    and its files alone prove nothing)."""
+    hits: list[Hit] = []
+    targets_own = False
+    own_re = re.compile(rf"(?<![A-Za-z0-9])(?:sm|compute)_?{own}a?(?![0-9])|TORCH_CUDA_ARCH_LIST\W{{1,8}}"
+                        rf"{own // 10}\.{own % 10}", re.IGNORECASE)
+    for rel, text in text_files(folder):
+        code = code_view(rel, text)
+        targets_own = targets_own or own_re.search(code) is not None
+        for m in _NEWER.finditer(text):
+            arch, family = _arch_of(m), _family(m)
+            if runs_on(arch, own, family):
+                continue
+            line = text.count("\n", 0, m.start()) + 1
+            # `sm100` without its underscore is mostly a name (an extension's, a module's): never decisive
+            named = re.fullmatch(r"[sS][mM]1[0-2][0-9][af]?", m.group()) is not None
+            hits.append(Hit(rel, line, m.group()[:60], arch, code[m.start():m.end()] == m.group() and not named))
+    return hits, targets_own
+
+
+# ------------------------------------------------------------------------------ the verdicts
+
+
+def _cut(text: str, limit: int = _MAX_MESSAGE) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _arch_label(arch: str) -> str:
+    return f"sm_{arch[3:]}" if arch.startswith("sm_") else arch
+
+
+def needs_other_arch(text: str, folder: Path, capability: str | None, status: str) -> str | None:
+    """The `needs_other_arch` message for a failure (`text`: its message and error text), or None."""
+    own = own_arch(capability)
+    if own is None:
+        return None
+    hits, targets_own = newer_arch_hits(folder, own)
+    best = next((h for h in hits if h.code), hits[0] if hits else None)
+    gpu = f"the GPU grading it is sm_{own} (capability {capability})"
+    for pattern in _TOOLCHAIN:
+        m = pattern.search(text)
+        if m is None:
+            continue
+        groups = m.groupdict()
+        what = groups.get("what") or ""
+        family = _FAMILY.search(what) is not None
+        if groups.get("arch"):
+            arch = groups["arch"]
+        elif groups.get("num"):
+            arch = f"sm_{groups['num']}"
+        elif family:
+            arch = "sm_100a"
+        elif best is not None:  # "not supported on .target": which target it needs, the files say
+            arch = best.arch
+        else:  # an sm_90 instruction built for an older target: the build's own mistake
+            continue
+        if runs_on(arch, own, family):
+            continue
+        also = f"; {best.where()}" if best else ""
+        return f"needs {_arch_label(arch)}: the toolchain says {m.group().strip()!r}{also}; {gpu}"
+    if not hits:
+        return None
+    generic = _GENERIC.search(text)
+    if generic is not None:
+        return f"needs {best.arch}: the error says {generic.group().strip()[:100]!r}; {best.where()}; {gpu}"
+    code = [h for h in hits if h.code]
+    if code and not targets_own and status in ("build_error", "runtime_error"):
+        more = f" (and {len(code) - 1} more)" if len(code) > 1 else ""
+        return f"needs {code[0].arch}: {code[0].where()}{more}, with no target for this GPU; {gpu}"
+    return None
+
+
+# headers any CUDA / torch build may include from the system, never from the submission
+_SYSTEM_PREFIXES = (
+    "cuda", "cub/", "thrust/", "nv/", "crt/", "cutensor", "cublas", "cudnn", "cusparse", "curand", "cufft",
+    "cusolver", "nvrtc", "nvtx", "nvToolsExt", "nvml", "npp", "mma.h", "sm_", "math_constants", "cooperative_groups",
+    "vector_types", "vector_functions", "device_", "driver_types", "host_", "texture_", "surface_", "library_types",
+    "builtin_types", "channel_descriptor", "common_functions", "math_functions", "nvfunctional", "torch/", "ATen/",
+    "c10/", "caffe2/", "pybind11/", "Python.h", "sys/", "bits/", "linux/", "asm/", "c++/", "ext/", "gnu/",
+)
+
+
+def _system_include_dirs() -> list[Path]:
+    dirs = [Path("/usr/include"), Path("/usr/local/include")]
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home:
+            dirs += [Path(home) / "include", *Path(home).glob("targets/*/include")]
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        dirs += [Path(root) / "include", Path(root) / "include" / "torch" / "csrc" / "api" / "include"]
+    return dirs
+
+
+def _system_header(header: str) -> bool:
+    if "." not in header and "/" not in header:  # <vector>, <cstdint>
+        return True
+    if header.startswith(_SYSTEM_PREFIXES):
+        return True
+    return any((d / header).is_file() for d in _system_include_dirs())
+
+
+def _in_submission(name: str, folder: Path) -> bool:
+    """Whether the submission has a file at `name` or ending with it (an include path problem, then)."""
+    name = name.lstrip("./")
+    if not name or ".." in name.split("/"):
+        return False
+    if (folder / name).exists():
+        return True
+    tail = "/" + name
+    return any(("/" + rel).endswith(tail) for rel, _ in text_files(folder))
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+#: Libraries a kernel may import that a grading machine may lack: their absence is the grader's
+#: environment, not a file missing from the submission (the failure stays a build_error).
+_LIBRARIES = frozenset({
+    "flashinfer", "flash_attn", "flash_attn_interface", "cutlass", "cuda", "cupy", "tilelang", "thunderkittens",
+    "deep_gemm", "sgl_kernel", "vllm", "xformers", "apex", "transformer_engine", "triton", "numba", "pycuda", "fla",
+    "liger_kernel", "quack", "tvm", "hidet", "jax", "cudnn", "nvmath", "cuda_bindings", "torchao", "bitsandbytes",
+    "marlin", "cutlass_library", "pycute", "tensorrt", "tk", "helion", "mojo", "warp", "ninja", "pybind11", "numpy",
+    "scipy", "einops", "safetensors", "nvidia",
+})
+
+_HEADER_MISSING = (
+    re.compile(r"fatal error: (?P<h>[^\s:'\"]+): No such file or directory"),
+    re.compile(r"fatal error: '(?P<h>[^']+)' file not found"),
+    re.compile(r"cannot open source file \"(?P<h>[^\"]+)\""),
+)
+_PATH_MISSING = (
+    re.compile(r"No such file or directory: '(?P<p>[^']+)'"),
+    re.compile(r"(?P<p>/[\w.+\-/]+): (?:not found|No such file or directory)"),
+    re.compile(r"can't open file '(?P<p>[^']+)'"),
+)
+_TOOL_VARS = ("PYTORCH_NVCC", "CUDA_HOME", "CUDA_PATH", "CUDACXX", "NVCC", "CXX", "CC")
+
+
+def _hard_coded(path: str, folder: Path) -> str | None:
+    """The literal in the submission's files that names `path` or a missing folder above it, or None."""
+    parts = Path(path).parts
+    literals = [str(Path(*parts[:i])) for i in range(len(parts), 2, -1)]
+    literals = [lit for lit in literals if not os.path.exists(lit)]
+    for _, text in text_files(folder):
+        for lit in literals:
+            if lit in text:
+                return lit
+    return None
+
+
+def _missing(text: str, folder: Path, ran_in: Path | None, cutlass: Cutlass | None) -> tuple[str, str] | None:
+    """(status, message) when the failure's cause is a file the submission does not contain, else None."""
+    for pattern in _HEADER_MISSING:
+        for m in pattern.finditer(text):
+            header = m.group("h")
+            if _in_submission(header, folder) or _system_header(header):
+                continue
+            if header.startswith(("cutlass/", "cute/")):
+                if cutlass is None:
+                    return "not_graded", (f"{header}: the kernel includes CUTLASS headers and this grader has none "
+                                          f"(install the nvidia-cutlass package, or set KERNELBOARD_CUTLASS)")
+                return NOT_REPRODUCIBLE, (f"{header} is neither in the published files nor in the grader's "
+                                          f"CUTLASS {cutlass.version or ''} ({cutlass.includes[0]})")
+            return NOT_REPRODUCIBLE, (f"it includes {header}, which is neither in the published files nor a "
+                                      f"system header")
+    m = re.search(r"No module named '(?P<m>[\w.]+)'", text)
+    if m is not None:
+        top = m.group("m").split(".")[0]
+        if (not _installed(top) and top not in _LIBRARIES and not (folder / f"{top}.py").exists()
+                and not (folder / top).is_dir()):
+            return NOT_REPRODUCIBLE, f"it imports module {m.group('m')!r}, which the published files do not contain"
+    for pattern in _PATH_MISSING:
+        for m in pattern.finditer(text):
+            path = m.group("p")
+            inside = None
+            if not os.path.isabs(path):
+                inside = path
+            elif ran_in is not None and (path + "/").startswith(str(ran_in).rstrip("/") + "/"):
+                inside = os.path.relpath(path, ran_in)
+            if inside is not None:
+                if inside not in (".", "") and not _in_submission(inside, folder):
+                    return NOT_REPRODUCIBLE, f"it expects {inside} beside solution.py, and the published files lack it"
+                continue
+            if not os.path.exists(path) and (lit := _hard_coded(path, folder)) is not None:
+                return NOT_REPRODUCIBLE, f"it hard-codes {lit}, which this machine does not have ({path} is missing)"
+    if re.search(r"Error building extension|nvcc|ninja", text):  # the tool's own complaint may be cut off
+        for rel, source in text_files(folder):
+            code = code_view(rel, source)
+            for m in re.finditer(rf"^(?:os\.environ\[[\"'](?P<var>{'|'.join(_TOOL_VARS)})[\"']\]\s*=\s*|"
+                                 rf"os\.environ\.setdefault\([\"'](?P<var2>{'|'.join(_TOOL_VARS)})[\"'],\s*)"
+                                 r"[rRbB]?[\"'](?P<p>/[^\"']+)[\"']", code, re.MULTILINE):
+                if m.group("var2") and m.group("var2") in os.environ:
+                    continue  # setdefault of a variable the grader sets: it changes nothing
+                if not os.path.exists(m.group("p")):
+                    var = m.group("var") or m.group("var2")
+                    return NOT_REPRODUCIBLE, (f"{rel} sets {var} to {m.group('p')}, which this machine does not "
+                                              f"have")
+    return None
+
+
+def classify(status: str, message: str, error_text: str, folder: Path, capability: str | None,
+             ran_in: Path | None = None, cutlass: Cutlass | None = None) -> tuple[str, str] | None:
+    """A better (status, message) for a failed grading, or None to keep it: `needs_other_arch` or
+    `not_reproducible` (or `not_graded` for CUTLASS headers the grader lacks) for a `build_error` or
+    `runtime_error`; anything else is kept. `folder`: the submission as published (never the scratch
+    copy its code ran in, `ran_in`, whose paths appear in error texts); `capability`: the GPU's."""
+    if status not in ("build_error", "runtime_error"):
+        return None
+    text = f"{message}\n{error_text}"
+    arch = needs_other_arch(text, folder, capability, status)
+    if arch is not None:
+        return NEEDS_OTHER_ARCH, _cut(f"{arch} — {message}")
+    found = _missing(text, folder, ran_in, cutlass)
+    if found is not None:
+        new_status, why = found
+        prefix = "not reproducible from the published files: " if new_status == NOT_REPRODUCIBLE else ""
+        return new_status, _cut(f"{prefix}{why} — {message}")
+    return None

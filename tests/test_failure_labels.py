@@ -1,0 +1,289 @@
+"""A failed build or run whose cause is outside the kernel's reach on this GPU gets a status that is no
+score (eval/reproducible.py), and the site names it (CPU only, no torch)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from kernelboard.eval import reproducible
+from kernelboard.eval.cutlass_headers import Cutlass, find_cutlass, from_folder
+from kernelboard.eval.reproducible import NEEDS_OTHER_ARCH, NOT_REPRODUCIBLE, classify, newer_arch_hits
+from kernelboard.eval.schema import STATUSES, UNSCORED_STATUSES
+from kernelboard.sitegen import board
+from kernelboard.sitegen.load import Result, Run
+
+H200 = "9.0"
+
+
+def _sub(tmp_path: Path, files: dict[str, str]) -> Path:
+    folder = tmp_path / "sub"
+    for name, text in {"run.yaml": "problem: x\n", **files}.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return folder
+
+
+PLAIN = "import torch\nclass Model(torch.nn.Module):\n    pass\n"
+
+TCGEN05_KERNEL = '''
+from torch.utils.cpp_extension import load_inline
+SRC = r"""
+__global__ void k(float* out) {
+    // allocate tensor memory
+    asm volatile("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [%0], 128;" :: "r"(0));
+}
+"""
+ext = load_inline("k", cpp_sources="", cuda_sources=SRC, extra_cuda_cflags=["-O3"])
+'''
+
+PTXAS_TCGEN05 = (
+    "Error building extension 'k': [1/2] /usr/local/cuda/bin/nvcc --generate-dependencies-with-compile "
+    "-gencode=arch=compute_90,code=sm_90 -O3 -c main.cu -o main.cuda.o\nFAILED: main.cuda.o\n"
+    "ptxas /tmp/tmpxft_0001_00000000-6_main.ptx, line 41; error   : Instruction 'tcgen05.alloc' not "
+    "supported on .target 'sm_90'\nptxas fatal   : Ptx assembly aborted due to errors\n"
+    "ninja: build stopped: subcommand failed.\n"
+)
+
+
+def test_a_ptxas_tcgen05_error_is_needs_other_arch(tmp_path: Path) -> None:
+    folder = _sub(tmp_path, {"solution.py": TCGEN05_KERNEL})
+    status, message = classify("build_error", "importing solution.py: RuntimeError: Error building extension 'k'",
+                               PTXAS_TCGEN05, folder, H200)
+    assert status == NEEDS_OTHER_ARCH
+    assert message.startswith("needs sm_100a:") and "tcgen05.alloc" in message and "capability 9.0" in message
+    assert "solution.py:" in message  # the file and line of the evidence
+
+
+def test_the_toolchain_naming_the_target_suffices_without_file_evidence(tmp_path: Path) -> None:
+    folder = _sub(tmp_path, {"solution.py": PLAIN})
+    text = "ptxas error   : Feature '.cta_group::1' requires .target sm_100a or higher"
+    status, message = classify("build_error", "importing solution.py: RuntimeError: x", text, folder, H200)
+    assert (status, message.split(":")[0]) == (NEEDS_OTHER_ARCH, "needs sm_100a")
+    text = "nvcc fatal   : Unsupported gpu architecture 'compute_120a'"
+    assert classify("build_error", "m", text, folder, H200)[1].startswith("needs sm_120a")
+
+
+def test_an_sm100_build_flag_in_code_is_needs_other_arch_when_it_fails(tmp_path: Path) -> None:
+    source = ('load_inline("k", cuda_sources=SRC,\n'
+              '            extra_cuda_cflags=["-O3", "-gencode=arch=compute_100a,code=sm_100a"])\n')
+    folder = _sub(tmp_path, {"solution.py": source})
+    runtime = "CUDA error: no kernel image is available for execution on the device"
+    status, message = classify("runtime_error", f"calling forward: RuntimeError: {runtime}", "", folder, H200)
+    assert status == NEEDS_OTHER_ARCH and message.startswith("needs sm_100a")
+    # the file alone decides a failed build (the compiler's words may have been cut off)
+    assert classify("build_error", "importing solution.py: RuntimeError: Error building extension 'k'", "",
+                    folder, H200)[0] == NEEDS_OTHER_ARCH
+    # ... but never on a GPU that runs it, and never when the kernel passed
+    assert classify("build_error", "m", "", folder, "10.0") is None
+    assert classify("pass", "correct", "", folder, H200) is None
+    assert classify("wrong", "shape 0: mismatch", "", folder, H200) is None
+
+
+def test_a_comment_about_sm100_does_not_excuse_an_unrelated_failure(tmp_path: Path) -> None:
+    source = ('# On B200 this would use tcgen05 and -arch=sm_100a; here it is plain CUDA for sm_90.\n'
+              'def f():\n    """Faster on sm_100 (tcgen05), see notes."""\n'
+              'SRC = r"""\n// tcgen05 would be nicer\n__global__ void k() { undefined_thing(); }\n"""\n')
+    folder = _sub(tmp_path, {"solution.py": source, "NOTES.md": "Tried sm_100a first.\n"})
+    hits, _ = newer_arch_hits(folder, 90)
+    assert hits and not any(h.code for h in hits)  # all in comments, docstrings or prose
+    compile_error = ("Error building extension 'k': main.cu(2): error: identifier \"undefined_thing\" is undefined\n"
+                     "1 error detected in the compilation of \"main.cu\".")
+    assert classify("build_error", "importing solution.py: RuntimeError: Error building extension 'k'",
+                    compile_error, folder, H200) is None
+    assert classify("runtime_error", "calling forward: IndexError: list index out of range", "", folder, H200) is None
+
+
+def test_a_kernel_that_also_targets_this_gpu_is_not_excused_by_its_files(tmp_path: Path) -> None:
+    source = 'FLAGS = ["-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_100a,code=sm_100a"]\n'
+    folder = _sub(tmp_path, {"solution.py": source})
+    assert classify("build_error", "importing solution.py: RuntimeError: Error building extension 'k'",
+                    "main.cu(3): error: expected a \";\"", folder, H200) is None
+
+
+def test_a_genuine_compile_error_stays_a_build_error(tmp_path: Path) -> None:
+    folder = _sub(tmp_path, {"solution.py": PLAIN})
+    text = ("Error building extension 'k': [1/2] nvcc -gencode=arch=compute_90a,code=sm_90a -c main.cu\n"
+            "main.cu(12): error: identifier \"foo\" is undefined\n1 error detected\nninja: build stopped")
+    assert classify("build_error", "importing solution.py: RuntimeError: Error building extension 'k'", text,
+                    folder, H200) is None
+    # a missing system header is the build's own problem, not a missing published file
+    text = "main.cu:1:10: fatal error: cuda_bf16.h: No such file or directory"
+    assert classify("build_error", "m", text, folder, H200) is None
+
+
+def test_a_missing_cutlass_header(tmp_path: Path) -> None:
+    folder = _sub(tmp_path, {"solution.py": PLAIN})
+    text = ("Error building extension 'g': [1/2] nvcc -c gemm.cu\nFAILED: gemm.cuda.o\n"
+            "gemm.cu:3:10: fatal error: cutlass/gemm/device/gemm_universal_adapter.h: No such file or directory\n"
+            "compilation terminated.\n")
+    status, message = classify("build_error", "importing solution.py: RuntimeError: Error building extension 'g'",
+                               text, folder, H200, cutlass=None)
+    assert status == "not_graded" and "nvidia-cutlass" in message  # the grader's lack, not the kernel's
+    have = Cutlass(tmp_path / "c", (tmp_path / "c" / "include",), "4.2.0", "test")
+    status, message = classify("build_error", "m", text, folder, H200, cutlass=have)
+    assert status == NOT_REPRODUCIBLE and "cutlass/gemm/device/gemm_universal_adapter.h" in message
+    assert message.startswith("not reproducible from the published files")
+
+
+def test_a_missing_vendored_header_and_one_that_is_there(tmp_path: Path) -> None:
+    folder = _sub(tmp_path, {"solution.py": PLAIN, "kernels/common.cuh": "// here\n"})
+    text = 'gemm.cu:2:10: fatal error: my_vendored/tile_config.cuh: No such file or directory'
+    status, message = classify("build_error", "m", text, folder, H200)
+    assert status == NOT_REPRODUCIBLE and "my_vendored/tile_config.cuh" in message
+    text = 'gemm.cu:2:10: fatal error: common.cuh: No such file or directory'  # shipped: an include path bug
+    assert classify("build_error", "m", text, folder, H200) is None
+
+
+def test_a_missing_sidecar_module(tmp_path: Path) -> None:
+    folder = _sub(tmp_path, {"solution.py": "from gemm_backend_v3 import ext\n"})
+    status, message = classify("build_error", "importing solution.py: ModuleNotFoundError: No module named "
+                               "'gemm_backend_v3'", "No module named 'gemm_backend_v3'", folder, H200)
+    assert status == NOT_REPRODUCIBLE and "gemm_backend_v3" in message
+    # a library the grader lacks is not a file the submission should have carried
+    assert classify("build_error", "importing solution.py: ModuleNotFoundError: No module named 'flashinfer'",
+                    "No module named 'flashinfer'", folder, H200) is None
+    # nor is a module the submission ships
+    (folder / "gemm_backend_v3.py").write_text("ext = None\n")
+    assert classify("build_error", "m", "No module named 'gemm_backend_v3'", folder, H200) is None
+
+
+def test_a_file_expected_beside_the_solution(tmp_path: Path) -> None:
+    folder = _sub(tmp_path, {"solution.py": 'load(sources=[os.path.join(HERE, "fp8_gemm.cu")])\n'})
+    ran_in = tmp_path / "scratch" / "run1"
+    text = f"[Errno 2] No such file or directory: '{ran_in}/fp8_gemm.cu'"
+    status, message = classify("build_error", f"importing solution.py: FileNotFoundError: {text}", text, folder,
+                               H200, ran_in=ran_in)
+    assert status == NOT_REPRODUCIBLE and "fp8_gemm.cu" in message
+
+
+def test_a_hard_coded_nvcc_that_this_machine_lacks(tmp_path: Path) -> None:
+    nvcc = "/usr/bin/nvcc-kernelboard-test-absent"
+    source = f'import os\nos.environ["PYTORCH_NVCC"] = "{nvcc}"\nfrom torch.utils.cpp_extension import load_inline\n'
+    folder = _sub(tmp_path, {"solution.py": source})
+    text = f"[Errno 2] No such file or directory: '{nvcc}'"
+    status, message = classify("build_error", f"importing solution.py: FileNotFoundError: {text}", text, folder, H200)
+    assert status == NOT_REPRODUCIBLE and nvcc in message
+    ninja = f"Error building extension 'k': [1/2] {nvcc} -c k.cu\nFAILED: k.cuda.o\n/bin/sh: 1: {nvcc}: not found\n"
+    assert classify("build_error", "m", ninja, folder, H200)[0] == NOT_REPRODUCIBLE
+    # the shell's complaint cut off with the error text: the assignment in the source still says it
+    assert classify("build_error", "m", "Error building extension 'k': [1/2] " + "x" * 300, folder, H200)[0] \
+        == NOT_REPRODUCIBLE
+
+
+def test_the_submission_scan_reads_every_text_file(tmp_path: Path) -> None:
+    folder = _sub(tmp_path, {
+        "solution.py": PLAIN,
+        "csrc/gemm.cu": ("// plain\n#if __CUDA_ARCH__ >= 1000\n"
+                         "  asm(\"tcgen05.mma.cta_group::1.kind::f16 ...\");\n#endif\n"),
+        "build.sh": "nvcc -arch=sm_120a gemm.cu\n",
+        "blob.bin": "",
+    })
+    (folder / "blob.bin").write_bytes(b"\0sm_100a\0")
+    (folder / "run.yaml").write_text("notes: sm_100a\n")
+    hits, targets_own = newer_arch_hits(folder, 90)
+    found = {(h.file, h.arch, h.code) for h in hits}
+    assert ("csrc/gemm.cu", "sm_100", True) in found  # the __CUDA_ARCH__ gate
+    assert ("csrc/gemm.cu", "sm_100a", True) in found  # tcgen05 / cta_group::
+    assert ("build.sh", "sm_120a", True) in found
+    assert not any(h.file in ("blob.bin", "run.yaml") for h in hits) and not targets_own
+    assert not newer_arch_hits(folder, 100)[0] or all(h.arch == "sm_120a" for h in newer_arch_hits(folder, 100)[0])
+
+
+@pytest.mark.parametrize(("arch", "own", "family", "ok"), [
+    ("sm_100", 90, False, False), ("sm_90", 100, False, True), ("sm_100a", 100, False, True),
+    ("sm_100a", 103, False, False), ("sm_100f", 103, False, True), ("sm_100a", 120, True, False),
+    ("sm_100a", 103, True, True),
+])
+def test_which_targets_run_where(arch: str, own: int, family: bool, ok: bool) -> None:
+    assert reproducible.runs_on(arch, own, family) is ok
+
+
+# ------------------------------------------------------------------------------ CUTLASS headers
+
+
+def _wheel(root: Path) -> Path:
+    inc = root / "cutlass_library" / "source" / "include"
+    (inc / "cutlass").mkdir(parents=True)
+    (inc / "cute").mkdir()
+    (inc / "cutlass" / "cutlass.h").write_text("// header\n")
+    (inc / "cutlass" / "version.h").write_text("#define CUTLASS_MAJOR 4\n#define CUTLASS_MINOR 2\n"
+                                               "#define CUTLASS_PATCH 0\n")
+    (root / "cutlass_library" / "source" / "tools" / "util" / "include" / "cutlass" / "util").mkdir(parents=True)
+    return inc
+
+
+def test_cutlass_from_an_environment_variable_reaches_the_build_and_the_sandbox(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernelboard.eval import jail, sandbox
+
+    inc = _wheel(tmp_path / "unpacked")
+    monkeypatch.setenv("KERNELBOARD_CUTLASS", str(tmp_path / "unpacked"))
+    monkeypatch.setenv("CPATH", "/opt/other")
+    found = find_cutlass()
+    assert found is not None and found.includes[0] == inc.resolve() and found.version == "4.2.0"
+    assert found.includes[1].name == "include" and "util" in str(found.includes[1])
+    env = sandbox.worker_env("key")
+    assert env["CPATH"].split(":") == [str(inc.resolve()), str(found.includes[1]), "/opt/other"]
+    assert env["CPLUS_INCLUDE_PATH"].split(":")[0] == str(inc.resolve())
+    assert env["CUTLASS_PATH"] == str(inc.resolve().parent)
+    assert "CPATH" in jail.JAIL_ENV and "4.2.0" in sandbox.cutlass_line()
+    monkeypatch.setattr(jail, "find_bwrap", lambda: ("/usr/bin/bwrap", "0.8.0"))
+    cell = jail.make_jail(sandboxed=True, device="cpu", hide=[])
+    assert str(found.root) in cell.readonly  # outside what the sandbox shows: bound read-only
+    argv = jail.bwrap_argv(cell, writable=[tmp_path / "w"], cwd=tmp_path / "w")
+    assert ["--ro-bind-try", str(found.root), str(found.root)] == argv[argv.index(str(found.root)) - 1:][:3]
+
+
+def test_cutlass_folder_layouts(tmp_path: Path) -> None:
+    inc = _wheel(tmp_path / "site")
+    for folder in (tmp_path / "site", tmp_path / "site" / "cutlass_library",
+                   tmp_path / "site" / "cutlass_library" / "source", inc):
+        found = from_folder(folder, "t")
+        assert found is not None and found.includes[0] == inc.resolve()
+    assert from_folder(tmp_path / "nothing", "t") is None
+
+
+# ------------------------------------------------------------------------------ the site
+
+
+def _result(status: str, message: str) -> Result:
+    return Result(run_id="r", gpu="h200", status=status, message=message, speedup_vs_compile=None,
+                  speedup_vs_eager=None, peak_fraction=None, peak_fraction_measured=None, compile_variant=None,
+                  n_shapes=0, timer="cuda_event", device_name="NVIDIA H200", driver_version=None, cuda_version=None,
+                  torch_version=None, triton_version=None, python_version=None,
+                  graded_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC), grader_version="0",
+                  measured_by="kernelboard 0", seeds=None, grade_seconds=None, log_path=None)
+
+
+def test_every_status_has_a_label_help_and_tone() -> None:
+    assert {"needs_other_arch", "not_reproducible"} <= set(STATUSES)
+    assert set(STATUSES) >= UNSCORED_STATUSES
+    for table in (board.STATUS_LABELS, board.STATUS_HELP, board.STATUS_TONES):
+        assert set(table) == set(STATUSES)
+    assert board.STATUS_LABELS["not_reproducible"] == "not reproducible from the published files"
+    assert board.STATUS_TONES["needs_other_arch"] == board.STATUS_TONES["not_graded"]
+
+
+def test_the_label_names_the_architecture_found() -> None:
+    assert board.status_label(_result("needs_other_arch", "needs sm_100a: x — y")) == "needs sm_100a"
+    assert board.status_label(_result("needs_other_arch", "needs sm_120: x")) == "needs sm_120"
+    assert board.status_label(_result("needs_other_arch", "odd message")) == "needs sm_100"
+    assert board.status_label(_result("not_reproducible", "n")) == "not reproducible from the published files"
+    assert board.status_label(_result("build_error", "needs sm_100a")) == "build error"
+
+
+def _cell(status: str, share: float | None = None) -> board.Cell:
+    run = Run.__new__(Run)
+    return board.Cell(run, _result(status, "needs sm_100a: t" if status == "needs_other_arch" else "m"), share,
+                      False)
+
+
+def test_unscored_cells_are_never_a_zero_and_never_ranked() -> None:
+    cells = [_cell("pass", 1.0), _cell("needs_other_arch"), _cell("not_reproducible"), _cell("build_error")]
+    score, passes, counted = board.score(cells)
+    assert (score, passes, counted) == (0.5, 1, 2)  # the pass and the build error count; the others do not
+    assert cells[1].label == "needs sm_100a" and cells[1].unscored and not cells[3].unscored
+    assert board.score([_cell("needs_other_arch"), _cell("not_reproducible"), _cell("dnf")]) == (None, 0, 0)
