@@ -148,7 +148,11 @@ def test_reference_equals_the_literal_algorithm(problem: Problem, ref: types.Mod
     # fp32 rounding only: 1.7e-7 of the largest output on this machine's CPU, 5.3e-5 on the CI's (its BLAS
     # kernels sum in another order). A 1% error in the decay g already moves the output by 4.6e-3.
     assert float((ours - expected).abs().max()) <= 5e-4 * float(expected.abs().max())
-    assert torch.equal(ref.Model(*ref.get_init_inputs())(*inputs), ours.float().to(torch.bfloat16))
+    # Model.forward is this function cast to bf16. CPU BLAS is not bitwise reproducible from call to call
+    # (its kernels depend on buffer alignment), so a value at a rounding boundary may land one bf16 step away.
+    got = ref.Model(*ref.get_init_inputs())(*inputs)
+    assert got.dtype == torch.bfloat16
+    assert float(((got.double() - ours).abs() - ours.abs() * 2**-7).max()) <= 0
 
 
 @pytest.mark.parametrize("case", ["nominal", "long_memory"])
