@@ -299,12 +299,16 @@ def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sta
         return stats, {}
     synced = link.ask("host_sync", f"{where}: host-timed calls", shape=k)
     host_ms = statistics.median(synced.samples("host_ms"))
-    escaped = audit.escaped_work(statistics.median(synced.samples("residue_ms")), stats.median_ms)
+    residue_ms = statistics.median(synced.samples("residue_ms"))
+    log("worker", f"{where}: host-synchronised call {host_ms:.4f} ms, device busy {residue_ms:.4f} ms past its stream")
+    escaped = audit.escaped_work(residue_ms, stats.median_ms)
     if escaped:
         raise Failure("integrity_violation", f"{where}: {escaped}")
     reply = link.ask("kernels", f"{where}: profiled call", shape=k)
     kernels, own = reply.strings("kernels"), reply.strings("own") if reply.header.get("own") is not None else None
-    problems = audit.kernel_problems(problem, kernels, own, str(reply.header.get("origin", ""))[:1000])
+    origin = str(reply.header.get("origin", ""))[:1000]
+    log("worker", f"{where}: {'?' if own is None else len(own)} of {len(kernels)} kernels its own ({origin})")
+    problems = audit.kernel_problems(problem, kernels, own, origin)
     if problems:
         raise Failure("forbidden", f"{where}: {'; '.join(problems)}")
     return stats, {"host_ms": host_ms, "kernels": kernels}

@@ -15,7 +15,8 @@ def test_documented_method_matches_the_signature() -> None:
     params = inspect.signature(timing.time_cuda).parameters
     assert params["min_warmup"].default == 10 and params["warmup_ms"].default == 100.0
     doc = " ".join((timing.__doc__ or "").split())
-    assert "twice the L2 size" in doc and "median" in doc and "at least two input sets" in doc
+    assert "twice the L2 size" in doc and "median" in doc and "at least three input sets" in doc
+    assert "same addresses on every call" in doc
 
 
 def test_time_cpu_returns_stats_and_the_last_outputs() -> None:
