@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from . import audit
+from . import audit, origins
 from .correctness import probe, probe_positions
 from .deck import load_problem
 from .plan import apply_shape, build_model, import_file, install_shapes_module, scaled_state
@@ -177,7 +177,7 @@ class _Runner:
         self.loaded: dict[int, _Shape] = {}
         self.flush: torch.Tensor | None = None
         self.l2_bytes = 0
-        self.origins: audit.KernelOrigins | None = None  # read once per runner: _op_kernels
+        self.origins: origins.KernelOrigins | None = None  # read once per runner: _op_kernels
         if self.device == "cuda":
             torch.cuda.init()
 
@@ -297,14 +297,14 @@ class _Runner:
 
     def _op_kernels(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
         """The kernels one call launches, which of them came from the candidate's code (by where
-        they come from: audit.own_kernels; None where that cannot be told) and how that was decided.
+        they come from: origins.own_kernels; None where that cannot be told) and how that was decided.
         A name over the protocol's 4096 characters (a CUTLASS 3 instantiation) keeps its head and
         its parameter list."""
         shape = self.loaded[request["shape"]]
         kernels = audit.timed_kernels(shape.model, shape.timing[0])
         if self.origins is None:
-            self.origins = audit.KernelOrigins(Path(self.setup["solution_dir"]))
-        own, origin = audit.own_kernels(kernels, self.origins)
+            self.origins = origins.KernelOrigins(Path(self.setup["solution_dir"]))
+        own, origin = origins.own_kernels(kernels, self.origins)
 
         def short(k: str) -> str:
             return k if len(k) <= 4000 else f"{k[:2999]}…{k[-1000:]}"

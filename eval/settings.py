@@ -36,7 +36,7 @@ LAUNCH_BOUND_MS = 0.2
 #: by how their names begin, or (cuBLAS's batched TRSM, `batch_trsm_left_kernel<…>(cublasTrsm…)`,
 #: seen on an H200 with torch 2.11) by a vendor library's name anywhere in the signature.
 #: Only a fallback: the runner tells the candidate's kernels by where they come from
-#: (audit.own_kernels) and the own-kernel rule uses this only where it could not. A name says little:
+#: (origins.own_kernels) and the own-kernel rule uses this only where it could not. A name says little:
 #: a candidate's `gemv_w4_kernel` or its own CUTLASS instantiation looks like a library's, so the
 #: cuBLAS prefixes are the exact families (`gemv2T_`, `gemv2N_`, `gemvNSP_`, `gemmk1_`, `dot_kernel<`),
 #: not `gemv`, `gemmk` or `dot_kernel` alone.

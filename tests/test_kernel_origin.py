@@ -1,4 +1,4 @@
-"""Which launched kernels are the candidate's own, told by where they come from (audit.own_kernels,
+"""Which launched kernels are the candidate's own, told by where they come from (origins.own_kernels,
 collected in the runner) rather than by name, and the own-kernel rule that reads it
 (audit.kernel_problems). CPU only: the profiler's kernel names are written out as an H200 reports
 them, the Triton functions are defined but never launched, and the shared object is a tiny one
@@ -16,18 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from kernelboard.eval import audit
-from kernelboard.eval.audit import (
+from kernelboard.eval import origins
+from kernelboard.eval.audit import kernel_problems
+from kernelboard.eval.deck import Problem, load_problem
+from kernelboard.eval.origins import (
     KernelOrigins,
     OwnCode,
     candidate_folders,
     demangle_all,
     is_own,
-    kernel_problems,
     mangled_base,
     own_kernels,
 )
-from kernelboard.eval.deck import Problem, load_problem
 from kernelboard.eval.plan import import_file
 
 HARD = Path(__file__).resolve().parents[1] / "eval" / "decks" / "hard"
@@ -56,7 +56,7 @@ def _code(*mangled: str) -> OwnCode:
     code = OwnCode()
     symbols = list(mangled)
     done, _ = demangle_all(symbols)
-    audit._add_symbols(code, symbols, done)
+    origins._add_symbols(code, symbols, done)
     return code
 
 
@@ -86,7 +86,7 @@ def test_without_a_demangler_the_bare_name_of_a_plain_kernel_still_matches() -> 
     assert mangled_base(OWN_ANONYMOUS[0]) == ("(anonymous namespace)::reduce", True)
     assert mangled_base("_Zjunk") is None
     code = OwnCode()
-    audit._add_symbols(code, [OWN_PLAIN[0], OWN_CUTLASS[0]], {})
+    origins._add_symbols(code, [OWN_PLAIN[0], OWN_CUTLASS[0]], {})
     assert is_own(OWN_PLAIN[1], code)
     assert not is_own(TORCH_CUTLASS, code)  # a template is never matched by its bare name
 
@@ -96,7 +96,7 @@ def test_both_demanglers_agree_with_the_profilers_spelling() -> None:
     done, tool = demangle_all(symbols)
     assert done == {OWN_PLAIN[0]: OWN_PLAIN[1], OWN_CUTLASS[0]: OWN_CUTLASS[1]}
     assert tool == ("c++filt" if shutil.which("c++filt") else "__cxa_demangle")
-    demangle = audit._cxa_demangle()
+    demangle = origins._cxa_demangle()
     assert demangle is not None and demangle(OWN_CUTLASS[0]) == OWN_CUTLASS[1] and demangle("junk") is None
 
 
@@ -202,11 +202,11 @@ def test_torch_and_site_packages_never_count(tmp_path: Path) -> None:
     ours, library = candidate_folders(tmp_path)
     assert str(tmp_path.resolve()) in ours
     torch_dir = str(Path(torch.__file__).resolve().parent)
-    assert torch_dir in library and audit._under(str(Path(torch_dir, "lib", "libtorch_cuda.so")), library)
-    mapped = audit._mapped_files()
+    assert torch_dir in library and origins._under(str(Path(torch_dir, "lib", "libtorch_cuda.so")), library)
+    mapped = origins._mapped_files()
     assert mapped is not None and any("libtorch" in Path(p).name for p in mapped)
-    assert not [p for p in mapped if "libtorch" in p and audit._under(audit._real(p), ours)
-                and not audit._under(audit._real(p), library)]
+    assert not [p for p in mapped if "libtorch" in p and origins._under(origins._real(p), ours)
+                and not origins._under(origins._real(p), library)]
 
 
 def test_nothing_traced_with_an_in_memory_kernel_compiler_loaded_is_undecided(
