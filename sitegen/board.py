@@ -13,6 +13,12 @@ A board's metric is the speedup over torch.compile where kernelboard measured it
 of the roofline (`peak_fraction`) where every result is imported from KernelBench-Hard, which
 ranks its boards by that (`board_metric`). A result its source keeps off its board (`off_board`)
 takes no cell: it is listed on its run page, its problem page and its model page, with the reason.
+
+On a board kernelboard measured (not an imported one) a model row is a **regrade in progress** while some
+published run of that model (a runs row in any GPU folder) on a problem of the board has no result on the
+board's GPU: kernelboard regrades the published kernels a few at a time, and a problem not graded yet is
+no failure. Such a row is shown with its graded cells and its counts (`Regrade`), but has no score, no
+rank, and never sets the best. Imported boards have a result for every run of their folder by construction.
 """
 
 from __future__ import annotations
@@ -68,7 +74,17 @@ ORDERING_RULE = (
     "that run, and so is a kernel that needs a newer GPU architecture than the board's or cannot be "
     "rebuilt from its published files: neither says how the model does here. A run its source keeps "
     "off its board takes no cell. Ties go to more passes, then to the name. House rows (the house "
-    "kernel and calibration rows, harness 'house') are reference points: shown, never ranked, and never the best."
+    "kernel and calibration rows, harness 'house') are reference points: shown, never ranked, and never the best. "
+    "On a board kernelboard measured, a model whose published runs on the board's problems are not all graded "
+    "on this GPU yet is listed, unranked and unscored (regrade in progress), until they are: a problem not "
+    "graded yet is not a failure, and such a row never sets the best."
+)
+
+#: The tooltip of a row whose regrade is in progress.
+REGRADE_HELP = (
+    "kernelboard is regrading this model's published kernels on this GPU a few at a time: the problems "
+    "not graded here yet are not failures, so the row is shown without a rank or a score (and never sets "
+    "the best) until every published run on this board's problems is graded."
 )
 
 #: How each grading status is named on the pages.
@@ -240,6 +256,24 @@ class Cell:
 
 
 @dataclass(frozen=True)
+class Regrade:
+    """How far the regrade of one model on one board has got: of its published runs on the board's
+    problems (`published`), how many have a result on the board's GPU (`graded`, fewer than all)."""
+
+    graded: int
+    published: int
+
+    @property
+    def text(self) -> str:
+        return (f"regrade in progress: {self.graded} of {self.published} published "
+                f"run{'s' if self.published != 1 else ''} graded on this GPU")
+
+    @property
+    def help(self) -> str:
+        return REGRADE_HELP
+
+
+@dataclass(frozen=True)
 class Row:
     """One model's cells on a board (aligned with `Board.problems`) and its score."""
 
@@ -252,6 +286,7 @@ class Row:
     passes: int
     counted: int  # the score's denominator: problems on the board minus this row's DNF cells
     rank: int | None
+    regrade: Regrade | None = None  # set while the model's published runs are not all graded here: unranked
 
     @property
     def is_house(self) -> bool:
@@ -327,10 +362,24 @@ def build_boards(data: SiteData) -> tuple[Board, ...]:
     return tuple(boards)
 
 
+def regrades(data: SiteData, gpu: str, bench: str, problems: Iterable[str]) -> dict[str, Regrade]:
+    """model -> its `Regrade`, for each AI model (not house) with a published run of `bench` on one of
+    `problems` (a runs row in any GPU folder) that has no result on `gpu`: its regrade is in progress."""
+    names = set(problems)
+    graded_here = {r.run_id for r in data.results if r.gpu == gpu}
+    published: dict[str, list[bool]] = defaultdict(list)
+    for run in data.runs.values():
+        if run.bench == bench and run.problem in names and not run.is_house:
+            published[run.model].append(run.run_id in graded_here)
+    return {model: Regrade(sum(flags), len(flags)) for model, flags in published.items() if not all(flags)}
+
+
 def _board(data: SiteData, gpu: str, bench: str, results: list[Result], metric: Metric) -> Board:
     names = sorted({data.runs[r.run_id].problem for r in results})
     problems = tuple(data.problems[(bench, n)] for n in names)
     notes = data.annotations
+    # An imported board has a result for every run of its folder; other folders' runs are not its to grade.
+    pending = {} if metric is PEAK_FRACTION else regrades(data, gpu, bench, names)
     picked: dict[tuple[str, str], tuple[Run, Result]] = {}
 
     def rank(run: Run, result: Result) -> tuple:
@@ -342,9 +391,10 @@ def _board(data: SiteData, gpu: str, bench: str, results: list[Result], metric: 
         if key not in picked or rank(run, result) < rank(*picked[key]):
             picked[key] = (run, result)
     valid = {key: res.is_pass and not flag_of(notes.get(run.run_id)) for key, (run, res) in picked.items()}
-    best = {
+    best = {  # the best AI model that is ranked: not a house row, not a regrade in progress
         name: max((v for (m, p), (run, res) in picked.items()
-                   if p == name and valid[(m, p)] and not run.is_house and (v := metric.of(res)) is not None),
+                   if p == name and valid[(m, p)] and not run.is_house and m not in pending
+                   and (v := metric.of(res)) is not None),
                   default=None)
         for name in names
     }
@@ -360,9 +410,9 @@ def _board(data: SiteData, gpu: str, bench: str, results: list[Result], metric: 
             ok = valid[(model, name)]
             value = metric.of(res)
             share = value / best[name] if ok and best[name] and value is not None else None
-            cells.append(Cell(run, res, share, ok and not run.is_house and share == 1.0, notes.get(run.run_id),
-                              metric))
-        rows.append(_row(model, runs, tuple(cells)))
+            cells.append(Cell(run, res, share, ok and not run.is_house and model not in pending and share == 1.0,
+                              notes.get(run.run_id), metric))
+        rows.append(_row(model, runs, tuple(cells), pending.get(model)))
     return Board(bench, gpu, gpu_label(data, gpu), problems, rank_rows(rows), metric,
                  tuple(sorted({r.measured_by for r in results})))
 
@@ -382,24 +432,28 @@ def score(cells: Iterable[Cell | None]) -> tuple[float | None, int, int]:
     return (total / counted if counted else None), len(passes), counted
 
 
-def _row(model: str, runs: list[Run], cells: tuple[Cell | None, ...]) -> Row:
+def _row(model: str, runs: list[Run], cells: tuple[Cell | None, ...], regrade: Regrade | None = None) -> Row:
     """A model's row, named after its latest run (by run_id); a row with any house run is a house row,
-    shown with its tag and not scored."""
+    shown with its tag and not scored; a row whose regrade is in progress (`regrade`) is not scored either."""
     latest = max(runs, key=lambda r: r.run_id)
     house = next((r for r in sorted(runs, key=lambda r: r.run_id, reverse=True) if r.is_house), None)
     tag = house.house_tag if house else None
+    regrade = None if tag else regrade
     value, passes, counted = score(cells)
     return Row(model, latest.model_display, tag, tuple(sorted({r.harness for r in runs})), cells,
-               None if tag else value, passes, counted, None)
+               None if tag or regrade else value, passes, counted, None, regrade)
 
 
 def rank_rows(rows: Iterable[Row]) -> tuple[Row, ...]:
     """Apply ORDERING_RULE: scored model rows by (score, passes) descending, then name; equal
-    (score, passes) share a rank. Unscored model rows follow, then house rows, unranked."""
+    (score, passes) share a rank. Rows whose regrade is in progress follow, then the other unscored model
+    rows, then house rows, all unranked."""
     rows = list(rows)
-    scored = sorted((r for r in rows if r.score is not None),
+    scored = sorted((r for r in rows if r.score is not None and r.regrade is None and not r.is_house),
                     key=lambda r: (-r.score, -r.passes, r.display, r.model))  # type: ignore[operator]
-    unscored = sorted((r for r in rows if r.score is None and not r.is_house),
+    in_progress = sorted((r for r in rows if r.regrade is not None and not r.is_house),
+                         key=lambda r: (r.display, r.model))
+    unscored = sorted((r for r in rows if r.score is None and r.regrade is None and not r.is_house),
                       key=lambda r: (r.display, r.model))
     house = sorted((r for r in rows if r.is_house),
                    key=lambda r: (r.tag != "house kernel", r.display, r.model))
@@ -407,7 +461,7 @@ def rank_rows(rows: Iterable[Row]) -> tuple[Row, ...]:
     for r in scored:
         rank = 1 + sum(1 for o in scored if (o.score, o.passes) > (r.score, r.passes))
         ranked.append(replace(r, rank=rank))
-    return (*ranked, *unscored, *house)
+    return (*ranked, *in_progress, *unscored, *house)
 
 
 @dataclass(frozen=True)

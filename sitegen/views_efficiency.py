@@ -8,7 +8,7 @@ chart, cost in USD on the other, both on a log axis. The **Pareto frontier** (`p
 joins the rows no other row beats on both counts (a score at least as high for at most as much).
 
 Nothing is dropped silently: a row whose runs lack a token count or a cost is listed under "not
-plotted" with the reason, as is a row with no score (every cell a DNF). House rows (the house
+plotted" with the reason, as is a row with no score (every cell a DNF, or a regrade in progress). House rows (the house
 kernel and calibration rows, harness 'house') are reference points, not models: they are never
 plotted nor on a frontier, and the page names them.
 """
@@ -205,7 +205,9 @@ def _board(board: Board) -> EfficiencyBoard:
     not_plotted: dict[tuple[str, str], list[str]] = {}
     meta: dict[str, Row] = {r.model: r for r in models}
     for r in models:
-        if r.score is None:
+        if r.regrade is not None:
+            not_plotted.setdefault((r.display, r.model), []).append(f"no score yet: {r.regrade.text}")
+        elif r.score is None:
             not_plotted.setdefault((r.display, r.model), []).append("no score: every run on this board was a DNF")
     blocks = []
     for measure in MEASURES:
