@@ -15,10 +15,11 @@ ranks its boards by that (`board_metric`). A result its source keeps off its boa
 takes no cell: it is listed on its run page, its problem page and its model page, with the reason.
 
 On a board kernelboard measured (not an imported one) a model row is a **regrade in progress** while some
-published run of that model (a runs row in any GPU folder) on a problem of the board has no result on the
-board's GPU: kernelboard regrades the published kernels a few at a time, and a problem not graded yet is
-no failure. Such a row is shown with its graded cells and its counts (`Regrade`), but has no score, no
-rank, and never sets the best. Imported boards have a result for every run of their folder by construction.
+published run of that model (one whose results were imported from another grader) on a problem of the
+board has no result on the board's GPU: kernelboard regrades the published kernels a few at a time,
+and a problem not graded yet is no failure. Such a row is shown with its graded cells and its counts
+(`Regrade`), but has no score, no rank, and never sets the best. Imported boards have a result for
+every run of their folder by construction.
 """
 
 from __future__ import annotations
@@ -364,12 +365,15 @@ def build_boards(data: SiteData) -> tuple[Board, ...]:
 
 def regrades(data: SiteData, gpu: str, bench: str, problems: Iterable[str]) -> dict[str, Regrade]:
     """model -> its `Regrade`, for each AI model (not house) with a published run of `bench` on one of
-    `problems` (a runs row in any GPU folder) that has no result on `gpu`: its regrade is in progress."""
+    `problems` that has no result on `gpu`: its regrade is in progress. A published run is one another
+    grader's results were imported for (its kernel is what kernelboard regrades); runs kernelboard
+    itself graded on some GPUs and not others are a choice of where to grade, not a regrade."""
     names = set(problems)
     graded_here = {r.run_id for r in data.results if r.gpu == gpu}
+    imported = {r.run_id for r in data.results if r.is_imported}
     published: dict[str, list[bool]] = defaultdict(list)
     for run in data.runs.values():
-        if run.bench == bench and run.problem in names and not run.is_house:
+        if run.bench == bench and run.problem in names and not run.is_house and run.run_id in imported:
             published[run.model].append(run.run_id in graded_here)
     return {model: Regrade(sum(flags), len(flags)) for model, flags in published.items() if not all(flags)}
 

@@ -118,9 +118,9 @@ def test_a_model_with_ungraded_published_runs_is_unranked_and_never_the_best(dat
     board = _h200(data)
     rows = _rows(board)
     fable, orbit = rows["fable-5"], rows["orbit-2"]
-    assert fable.regrade is not None and (fable.regrade.graded, fable.regrade.published) == (1, 3)
-    assert fable.regrade.text == "regrade in progress: 1 of 3 published runs graded on this GPU"
-    assert orbit.regrade is not None and (orbit.regrade.graded, orbit.regrade.published) == (1, 2)
+    assert fable.regrade is not None and (fable.regrade.graded, fable.regrade.published) == (0, 2)
+    assert fable.regrade.text == "regrade in progress: 0 of 2 published runs graded on this GPU"
+    assert orbit.regrade is not None and (orbit.regrade.graded, orbit.regrade.published) == (0, 1)
     assert (fable.rank, fable.score, orbit.rank, orbit.score) == (None, None, None, None)
     cell = fable.cells[0]
     assert cell is not None and cell.run.run_id == PASS and cell.state == "pass"  # the graded cell still shows
@@ -148,7 +148,7 @@ def test_a_fully_graded_model_is_ranked_again(data: SiteData, site_inputs: SiteI
 
 
 def test_the_pages_say_so(site: Path) -> None:
-    want = "regrade in progress: 1 of 3 published runs graded on this GPU"
+    want = "regrade in progress: 0 of 2 published runs graded on this GPU"
     home = parse(site / "index.html")
     row = next(tr for tr in home.iterfind(f".//section[@id='hard-{GPU}']//table[@class='leaderboard']/tbody/tr")
                if "Fable 5" in text(tr.find("th")))
@@ -170,7 +170,7 @@ def test_the_model_page_shows_no_rank_while_in_progress(site: Path) -> None:
     assert len(pages) == 1
     page = parse(pages[0])
     standing = text(page.find(f".//section[@id='board-{GPU}-hard']/p[@class='standing']"))
-    assert standing.startswith("not ranked yet: regrade in progress: 1 of 3 published runs graded") and \
+    assert standing.startswith("not ranked yet: regrade in progress: 0 of 2 published runs graded") and \
         "rank" not in standing.replace("not ranked", "")
     imported = text(page.find(f".//section[@id='board-{IMPORTED_GPU}-hard']/p[@class='standing']"))
     assert imported.startswith("rank 2 of 3")
