@@ -3,8 +3,9 @@
 The methodology page prints the grader's settings as the grader runs with them: the constants come
 from `eval.settings` (the torch-free module that `timing`, `judge`, `audit`, `schedule` and `scoring`
 import them from), the datasheet peaks from `eval.hardware`, the per-problem rules from the loaded
-decks, the measured peaks from the hardware table and the ranking rule from `board`. Nothing here is
-copied by hand, and nothing imports torch.
+decks, the measured peaks from the hardware table, the ranking rule from `board` and the table of
+verdicts that differ from the original grader's from `agreement`. Nothing here is copied by hand, and
+nothing imports torch.
 
 The downloads page lists every table as Parquet (copied as graded) plus the CSV and JSON that
 `table_exports` writes into the site from the same Parquet files.
@@ -31,7 +32,8 @@ from kernelboard.eval import settings
 from kernelboard.eval.deck import DEFAULT_TOLERANCE, Problem
 from kernelboard.eval.hardware import GPUS, PRECISIONS
 
-from .board import ORDERING_RULE, STATUS_HELP, STATUS_LABELS, gpu_label, gpu_order
+from .agreement import agreement
+from .board import ORDERING_RULE, STATUS_HELP, STATUS_LABELS, STATUS_TONES, gpu_label, gpu_order
 from .load import CPU_KEY, SiteData
 from .views import _markdown
 
@@ -228,6 +230,10 @@ def methodology(data: SiteData) -> dict[str, Any]:
         "measured": measured,
         "ordering_rule": ORDERING_RULE,
         "legend": [(STATUS_LABELS[s], STATUS_HELP[s]) for s in STATUS_LABELS],
+        "agreement": (agreed := agreement(data)),
+        "agreement_gpus": [gpu_label(data, g) for g in agreed.gpus],
+        "status_labels": STATUS_LABELS,
+        "status_tones": STATUS_TONES,
         "charts": False,
     }
 

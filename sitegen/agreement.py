@@ -1,0 +1,236 @@
+"""Where kernelboard's verdict differs from the original grader's, on the kernels both graded (no torch).
+
+kernelboard regrades the published kernels (the runs whose results were imported from another grader,
+KernelBench-Hard) on its own GPU, under the same run_id. For every run that has a kernelboard-measured
+result on a GPU (any result that is neither imported nor a CPU timing) and an imported result on its
+source board, the two verdicts are compared as pass / not pass (`eval.schema.STATUSES`):
+
+- **agree**: both pass, or both fail (whatever each one's failing status);
+- **excluded**: not a verdict on the GPU — ours is `needs_other_arch`, `not_reproducible`, `not_graded`
+  or `dnf` (the kernel says nothing about the model on this GPU), or theirs is `not_graded` or `dnf` (the
+  source published no verdict);
+- **differ**, with a cause class read from our status and message by the explicit rules of `classify`.
+  A class that starts "stronger check:" names a check kernelboard runs and the original grader does not
+  (a stress case, structural case or seed of ours only, the run-time audits, the integrity checks); those
+  rows are counted and listed apart. A difference no rule explains gets an honest "(to explain)" class
+  and `explained=False`, which the methodology page flags: it is never hidden in a catch-all.
+
+The agreement figure is agree / (agree + differ not caused by a stronger check of ours), over the pairs
+not excluded. Everything is computed from `SiteData` at build time, so the table grows as the regrade does.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kernelboard.eval.deck import Problem
+
+from .load import CPU_KEY, Result, Run, SiteData
+
+#: Our statuses that are no verdict on the grading GPU: such a pair is excluded, not compared.
+EXCLUDED_OURS = ("needs_other_arch", "not_reproducible", "not_graded", "dnf")
+#: Their statuses that carry no published verdict to agree or differ with.
+EXCLUDED_THEIRS = ("not_graded", "dnf")
+
+#: Numeric stress cases our decks add to the original grader's deck, by (bench, problem). Kept by hand
+#: because the decks are otherwise interface-compatible copies: each entry must be a numeric stress case
+#: of that deck whose problem.yaml says it is ours (07's header: "plus one stress case of ours,
+#: `small_scales`"); tests/test_site_agreement.py checks every entry against the deck. Structural cases
+#: need no entry: the original grader has none (eval/format_kbh.py refuses `structural_stress`).
+OURS_ONLY_CASES: dict[tuple[str, str], frozenset[str]] = {
+    ("hard", "07_w4a16_gemm"): frozenset({"small_scales"}),
+}
+
+STRONGER = "stronger check: "
+TO_EXPLAIN = "(to explain)"
+
+_CASE = re.compile(r"\bcase ([A-Za-z_][A-Za-z0-9_]*)")
+_SEED = re.compile(r"\bseed (\d+)\b")
+#: "KernelBench-Hard (run detail): check.py: the output is incorrect" -> the part after the source name.
+_SOURCE_PREFIX = re.compile(r"^[^:]*\((?:run detail|imported)\):\s*")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How two verdicts on one kernel compare: kind is 'agree', 'excluded' or 'differ'."""
+
+    kind: str
+    cause: str | None = None  # why excluded, or the cause class of a difference
+    explained: bool = True  # False: a difference no rule explains yet (its cause says "(to explain)")
+
+    @property
+    def stronger(self) -> bool:
+        """A difference caused by a check of ours the original grader does not run."""
+        return self.kind == "differ" and (self.cause or "").startswith(STRONGER)
+
+
+def their_reason(status: str, message: str) -> str:
+    """Their verdict in a few words: 'wrong (check.py: the output is incorrect)'."""
+    reason = _SOURCE_PREFIX.sub("", message or "").strip()
+    return f"{status} ({reason})" if reason and status != "pass" else status
+
+
+def _wrong_cause(message: str, problem: Problem | None) -> str | None:
+    """The stronger check a `wrong` message names, or None."""
+    cases = _CASE.findall(message)
+    if problem is not None:
+        ours_only = OURS_ONLY_CASES.get((problem.bench, problem.name), frozenset())
+        for name in cases:
+            if name in ours_only:
+                return f"{STRONGER}stress case {name} (ours only)"
+        ss = problem.structural_stress
+        if ss is not None and f"case {ss.function}(" in message:
+            return f"{STRONGER}structural case {ss.function} (ours only)"
+    if "output dtype" in message:
+        return f"{STRONGER}output dtype"
+    if "past the sequence length" in message:
+        return f"{STRONGER}reads past the sequence length"
+    seeds = [int(s) for s in _SEED.findall(message)]
+    if problem is not None and seeds and seeds[0] not in problem.seeds:
+        return f"{STRONGER}fresh seed {seeds[0]} (ours only; the deck's are {', '.join(map(str, problem.seeds))})"
+    if "timed call" in message or "floor batch" in message:
+        return f"{STRONGER}outputs of the timed calls verified"
+    return None
+
+
+def _forbidden_cause(message: str) -> str | None:
+    if "no kernel of its own ran" in message:
+        return f"{STRONGER}no kernel of its own"
+    if "forbidden aten ops ran" in message:
+        return f"{STRONGER}forbidden aten op at run time"
+    if "forbidden kernel" in message:
+        return f"{STRONGER}forbidden library kernel at run time"
+    if message.startswith("forbidden op used:"):
+        hits = message.removeprefix("forbidden op used:").split(";")
+        if hits and all(not h.strip().endswith(" in solution.py") for h in hits):
+            return f"{STRONGER}forbidden text in a file beside solution.py"
+    return None
+
+
+def _integrity_cause(message: str) -> str | None:
+    for needle, what in (("work escaped the timed stream", "work escaped the timed stream"),
+                         ("wrote into input", "wrote into its inputs"),
+                         ("torch global state changed", "changed torch's global state"),
+                         ("the runner's clock says", "its clock disagrees with the judge's")):
+        if needle in message:
+            return f"{STRONGER}integrity: {what}"
+    return None
+
+
+def classify(ours_status: str, ours_message: str, their_status: str, their_message: str = "",
+             problem: Problem | None = None) -> Verdict:
+    """Compare our verdict on a kernel with the original grader's (see the module docstring)."""
+    if ours_status in EXCLUDED_OURS:
+        return Verdict("excluded", f"ours: {ours_status} (not a verdict on this GPU)")
+    if their_status in EXCLUDED_THEIRS:
+        return Verdict("excluded", f"theirs: {their_status} (no published verdict)")
+    ours_pass, theirs_pass = ours_status == "pass", their_status == "pass"
+    if ours_pass == theirs_pass:
+        return Verdict("agree")
+    if ours_pass:
+        return Verdict("differ", f"ours passes where theirs failed: {their_reason(their_status, their_message)}")
+    cause = None
+    if ours_status == "wrong":
+        cause = _wrong_cause(ours_message, problem)
+    elif ours_status == "forbidden":
+        cause = _forbidden_cause(ours_message)
+    elif ours_status == "integrity_violation":
+        cause = _integrity_cause(ours_message)
+    if cause is not None:
+        return Verdict("differ", cause)
+    if ours_status in ("runtime_error", "build_error", "timeout", "oom"):
+        return Verdict("differ", f"ours fails where theirs passed: {ours_status} {TO_EXPLAIN}", explained=False)
+    return Verdict("differ", f"ours: {ours_status} {TO_EXPLAIN}", explained=False)
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One published kernel graded by both: the run, our result, theirs, and how they compare."""
+
+    run: Run
+    ours: Result
+    theirs: Result
+    verdict: Verdict
+
+    @property
+    def short_message(self) -> str:
+        """Our message, cut for a table cell."""
+        m = self.ours.message
+        return m if len(m) <= 160 else m[:157] + "…"
+
+
+@dataclass(frozen=True)
+class Agreement:
+    pairs: tuple[Pair, ...]  # sorted by (our GPU, run_id)
+    published: int  # published kernels: AI-model runs with an imported result
+    regraded: int  # of those, how many have a kernelboard-measured result on a GPU
+    gpus: tuple[str, ...]  # the GPUs we regraded them on
+
+    def _of(self, kind: str) -> tuple[Pair, ...]:
+        return tuple(p for p in self.pairs if p.verdict.kind == kind)
+
+    @property
+    def agree(self) -> tuple[Pair, ...]:
+        return self._of("agree")
+
+    @property
+    def excluded(self) -> tuple[Pair, ...]:
+        return self._of("excluded")
+
+    @property
+    def stronger(self) -> tuple[Pair, ...]:
+        """Differences caused by a stronger check of ours, listed and counted apart."""
+        return tuple(p for p in self._of("differ") if p.verdict.stronger)
+
+    @property
+    def other(self) -> tuple[Pair, ...]:
+        """Every other difference (these count against the agreement figure)."""
+        return tuple(p for p in self._of("differ") if not p.verdict.stronger)
+
+    @property
+    def unexplained(self) -> tuple[Pair, ...]:
+        return tuple(p for p in self.pairs if p.verdict.kind == "differ" and not p.verdict.explained)
+
+    @property
+    def compared(self) -> int:
+        """Pairs with a verdict on both sides (not excluded)."""
+        return len(self.pairs) - len(self.excluded)
+
+    @property
+    def rate(self) -> float | None:
+        """agree / (agree + differences not caused by a stronger check), or None with nothing to divide."""
+        denominator = len(self.agree) + len(self.other)
+        return len(self.agree) / denominator if denominator else None
+
+
+def _source_result(run: Run, imported: list[Result]) -> Result | None:
+    """Its imported result on its source board (the run's own GPU), else on any board."""
+    for r in imported:
+        if r.gpu == run.gpu:
+            return r
+    return imported[0] if imported else None
+
+
+def agreement(data: SiteData) -> Agreement:
+    imported: dict[str, list[Result]] = {}
+    ours: list[Result] = []
+    for r in data.results:
+        if r.is_imported:
+            imported.setdefault(r.run_id, []).append(r)
+        elif r.gpu != CPU_KEY:
+            ours.append(r)
+    published = {run_id for run_id in imported if run_id in data.runs and not data.runs[run_id].is_house}
+    pairs = []
+    for r in sorted(ours, key=lambda r: (r.gpu, r.run_id)):
+        run = data.runs.get(r.run_id)
+        if run is None or r.run_id not in published:
+            continue
+        theirs = _source_result(run, imported[r.run_id])
+        if theirs is None:
+            continue
+        problem = data.problems.get((run.bench, run.problem))
+        verdict = classify(r.status, r.message, theirs.status, theirs.message, problem)
+        pairs.append(Pair(run, r, theirs, verdict))
+    return Agreement(tuple(pairs), len(published), len({p.run.run_id for p in pairs}),
+                     tuple(sorted({p.ours.gpu for p in pairs})))

@@ -1,0 +1,253 @@
+"""Where kernelboard's verdict differs from the original grader's (sitegen/agreement.py): the cause classes
+on hand-made verdicts, the table on the committed data, and its section on the methodology page."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import html5lib
+import pytest
+from site_pages import text
+
+from kernelboard.eval.deck import load_problem
+from kernelboard.eval.schema import STATUSES
+from kernelboard.sitegen.agreement import (
+    EXCLUDED_OURS,
+    OURS_ONLY_CASES,
+    TO_EXPLAIN,
+    Agreement,
+    agreement,
+    classify,
+    their_reason,
+)
+from kernelboard.sitegen.format import pct
+from kernelboard.sitegen.load import SiteData, load_site
+from kernelboard.sitegen.pages import plan
+from kernelboard.sitegen.render import _render, _site, make_env
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "data"
+DECKS = REPO / "eval" / "decks"
+HY3_07 = "20260709_090316_hy3_hy3_07_w4a16_gemm"
+GROK_03 = "20260709_040836_grok_grok-4.5_03_paged_attention"
+THEIRS_WRONG = "KernelBench-Hard (run detail): check.py: the output is incorrect"
+
+
+@pytest.fixture(scope="module")
+def deck07():
+    return load_problem(DECKS / "hard" / "07_w4a16_gemm")
+
+
+@pytest.fixture(scope="module")
+def deck02():
+    return load_problem(DECKS / "hard" / "02_kda_cutlass")
+
+
+# ----------------------------------------------------------------------------------- classification
+
+
+@pytest.mark.parametrize(("ours", "theirs"), [("pass", "pass"), ("wrong", "wrong"), ("runtime_error", "wrong"),
+                                              ("forbidden", "timeout"), ("oom", "build_error")])
+def test_same_side_of_pass_agrees(ours: str, theirs: str) -> None:
+    verdict = classify(ours, "whatever", theirs, "whatever")
+    assert verdict.kind == "agree" and verdict.cause is None and not verdict.stronger
+
+
+@pytest.mark.parametrize("ours", EXCLUDED_OURS)
+def test_no_verdict_of_ours_is_excluded(ours: str) -> None:
+    for theirs in ("pass", "wrong"):
+        verdict = classify(ours, "needs sm_100a", theirs)
+        assert verdict.kind == "excluded" and ours in verdict.cause and not verdict.stronger
+
+
+@pytest.mark.parametrize("theirs", ["not_graded", "dnf"])
+def test_no_published_verdict_is_excluded(theirs: str) -> None:
+    verdict = classify("pass", "correct on all 60 checks", theirs,
+                       "KernelBench-Hard (run detail): the agent wrote no solution")
+    assert verdict.kind == "excluded" and verdict.cause.startswith("theirs: ")
+
+
+def test_every_status_gets_a_class() -> None:
+    for ours in STATUSES:
+        for theirs in STATUSES:
+            verdict = classify(ours, "", theirs, "")
+            assert verdict.kind in ("agree", "excluded", "differ")
+            assert (verdict.cause is None) == (verdict.kind == "agree")
+
+
+def test_a_stress_case_of_ours_only_is_a_stronger_check(deck07) -> None:
+    message = ("shape 0 (decode) seed 42 case small_scales: 12275 of 12288 elements out of tolerance "
+               "(atol=0.001, rtol=0.05)")
+    verdict = classify("wrong", message, "pass", "", deck07)
+    assert verdict.kind == "differ" and verdict.stronger and verdict.explained
+    assert verdict.cause == "stronger check: stress case small_scales (ours only)"
+
+
+def test_a_stress_case_both_decks_have_is_not_explained(deck07) -> None:
+    message = "shape 0 (decode) seed 42 case small_activation: 3 of 12288 elements out of tolerance"
+    verdict = classify("wrong", message, "pass", "", deck07)
+    assert verdict.kind == "differ" and not verdict.stronger and not verdict.explained
+    assert verdict.cause == f"ours: wrong {TO_EXPLAIN}"
+
+
+def test_a_structural_case_is_a_stronger_check(deck02) -> None:
+    fn = deck02.structural_stress.function
+    message = f"shape 1 (long) seed 42 case {fn}(split=3, beta_percent=80): 9 of 4096 elements out of tolerance"
+    verdict = classify("wrong", message, "pass", "", deck02)
+    assert verdict.stronger and verdict.cause == f"stronger check: structural case {fn} (ours only)"
+
+
+def test_the_fresh_seed_is_a_stronger_check(deck07) -> None:
+    fresh = max(deck07.seeds) + 1000
+    verdict = classify("wrong", f"shape 2 (prefill) seed {fresh} case nominal: 4 of 8192 elements out of tolerance",
+                       "pass", "", deck07)
+    assert verdict.stronger and f"fresh seed {fresh}" in verdict.cause
+    deck_seed = deck07.seeds[0]
+    verdict = classify("wrong", f"shape 2 (prefill) seed {deck_seed} case nominal: 4 of 8192 elements out of "
+                       "tolerance", "pass", "", deck07)
+    assert not verdict.stronger and not verdict.explained
+
+
+@pytest.mark.parametrize(("status", "message", "cause"), [
+    ("wrong", "shape 0 (decode) seed 42 case nominal: output dtype float32 != expected bfloat16", "output dtype"),
+    ("wrong", "shape 1 seed 42 case nominal: reads past the sequence length of sequence 3",
+     "reads past the sequence length"),
+    ("wrong", "shape 0: a timed call on input set 2 returned a wrong output: 7 of 12288 elements",
+     "outputs of the timed calls verified"),
+    ("forbidden", "shape 0: no kernel of its own ran: all 27 kernels are PyTorch or library kernels",
+     "no kernel of its own"),
+    ("forbidden", "forbidden aten ops ran: aten::topk", "forbidden aten op at run time"),
+    ("forbidden", "shape 0: forbidden kernel 'gemv_4bit_kernel'", "forbidden library kernel at run time"),
+    ("forbidden", "forbidden op used: 'marlin_kernel.gemm' in helper.py", "forbidden text in a file beside"),
+    ("integrity_violation", "shape 0: work escaped the timed stream — the device was still busy",
+     "integrity: work escaped the timed stream"),
+    ("integrity_violation", "shape 0 (decode) seed 42 case nominal: the solution wrote into input 0",
+     "integrity: wrote into its inputs"),
+    ("integrity_violation", "torch global state changed during shape 0: allow_tf32 False -> True",
+     "integrity: changed torch's global state"),
+    ("integrity_violation", "shape 0: the runner's clock says 40 back-to-back calls took 0.1 ms",
+     "integrity: its clock disagrees"),
+])
+def test_stronger_checks_by_message(status: str, message: str, cause: str) -> None:
+    verdict = classify(status, message, "pass", "")
+    assert verdict.kind == "differ" and verdict.stronger and verdict.explained
+    assert verdict.cause.startswith("stronger check: ") and cause in verdict.cause
+
+
+def test_forbidden_text_in_solution_py_is_not_explained() -> None:
+    verdict = classify("forbidden", "forbidden op used: 'marlin_kernel.gemm' in solution.py", "pass", "")
+    assert not verdict.stronger and not verdict.explained and verdict.cause == f"ours: forbidden {TO_EXPLAIN}"
+
+
+@pytest.mark.parametrize("status", ["runtime_error", "build_error", "timeout", "oom"])
+def test_ours_failing_to_run_is_flagged_to_explain(status: str) -> None:
+    verdict = classify(status, "CUDA error: an illegal memory access was encountered", "pass", "")
+    assert verdict.kind == "differ" and not verdict.stronger and not verdict.explained
+    assert verdict.cause == f"ours fails where theirs passed: {status} {TO_EXPLAIN}"
+
+
+def test_ours_passing_names_their_failure() -> None:
+    verdict = classify("pass", "correct on all 60 checks", "wrong", THEIRS_WRONG)
+    assert verdict.kind == "differ" and not verdict.stronger and verdict.explained
+    assert verdict.cause == "ours passes where theirs failed: wrong (check.py: the output is incorrect)"
+    reason = their_reason("timeout", "KernelBench-Hard (run detail): check.py timed out")
+    assert reason == "timeout (check.py timed out)"
+
+
+def test_ours_only_cases_are_in_their_decks() -> None:
+    """Each hand-kept case of ours is a numeric stress case of its deck, and its problem.yaml says it is ours."""
+    for (bench, name), cases in OURS_ONLY_CASES.items():
+        problem = load_problem(DECKS / bench / name)
+        assert cases <= {c.name for c in problem.numeric_stress}
+        header = (DECKS / bench / name / "problem.yaml").read_text(encoding="utf-8").split("\nname:")[0]
+        for case in cases:
+            assert "of ours" in header and f"`{case}`" in header
+
+
+def test_the_rate_leaves_stronger_checks_and_exclusions_out() -> None:
+    def pair(ours: str, theirs: str, message: str = ""):
+        return dataclasses.make_dataclass("P", ["verdict"])(classify(ours, message, theirs, ""))
+
+    pairs = (pair("pass", "pass"), pair("wrong", "wrong"), pair("pass", "wrong"),
+             pair("forbidden", "pass", "no kernel of its own ran"), pair("needs_other_arch", "pass"))
+    a = Agreement(pairs, published=10, regraded=5, gpus=("h200",))  # type: ignore[arg-type]
+    assert (a.compared, len(a.agree), len(a.stronger), len(a.other), len(a.excluded)) == (4, 2, 1, 1, 1)
+    assert a.rate == pytest.approx(2 / 3)
+    assert Agreement((), 0, 0, ()).rate is None
+
+
+# --------------------------------------------------------------------------------- committed data
+
+
+@pytest.fixture(scope="module")
+def committed() -> SiteData:
+    return load_site(DATA, DECKS)
+
+
+def test_committed_data(committed: SiteData) -> None:
+    a = agreement(committed)
+    by_run = {p.run.run_id: p for p in a.pairs}
+    hy3 = by_run[HY3_07]
+    assert hy3.ours.gpu == "h200" and hy3.theirs.is_imported and hy3.theirs.status == "pass"
+    assert hy3.verdict.kind == "differ" and hy3.verdict.stronger
+    assert "small_scales" in hy3.verdict.cause
+    grok = by_run[GROK_03]
+    theirs = next(r for r in committed.results if r.run_id == GROK_03 and r.is_imported)
+    assert grok.theirs == theirs and theirs.gpu == committed.runs[GROK_03].gpu
+    assert grok.verdict.kind == ("agree" if theirs.status == grok.ours.status == "pass" else "differ")
+    assert grok.verdict.kind == "agree"  # today: both pass
+    # Only published kernels count: house and calibration runs graded on the h200 are no pair.
+    assert all(not p.run.is_house for p in a.pairs)
+    assert a.published == len({r.run_id for r in committed.results if r.is_imported})
+    assert a.regraded == len(a.pairs) <= a.published
+    assert not a.unexplained  # the acceptance: every disagreement explained
+
+
+# ------------------------------------------------------------------------------------------ the page
+
+
+def _methodology(data: SiteData) -> bytes:
+    page = next(p for p in plan(data) if p.kind == "methodology")
+    return _render(make_env(), page, _site(data, None), None)
+
+
+def _section(html: bytes):
+    tree = html5lib.parse(html, treebuilder="etree", namespaceHTMLElements=False)
+    section = tree.find(".//section[@id='agreement']")
+    assert section is not None
+    return section
+
+
+def test_the_methodology_page_lists_the_differences(committed: SiteData) -> None:
+    html = _methodology(committed)
+    html5lib.HTMLParser(strict=True).parse(html)
+    section = _section(html)
+    words = text(section)
+    a = agreement(committed)
+    assert "Where we differ from the original grader" in words
+    assert f"{a.regraded} of {a.published} published kernels regraded so far (on NVIDIA H200" in words
+    figures = section.find(".//dl")
+    facts = dict(zip((text(dt) for dt in figures.iterfind("dt")), (text(dd) for dd in figures.iterfind("dd")),
+                     strict=True))
+    assert facts["compared"].startswith(f"{a.compared} ")
+    assert (facts["agree"], facts["differ: a stronger check of ours"], facts["differ: other causes"],
+            facts["excluded"]) == (str(len(a.agree)), str(len(a.stronger)), str(len(a.other)), str(len(a.excluded)))
+    assert facts["agreement"].startswith(f"{pct(a.rate)} = agree / (agree + other differences)")
+    tables = section.findall(".//table")
+    assert len(tables) == 1  # only the stronger-check table has rows today
+    row = next(tr for tr in tables[0].iterfind(".//tbody/tr") if HY3_07 in text(tr))
+    assert "stronger check: stress case small_scales (ours only)" in text(row)
+    assert row.find(".//th/a").get("href") == f"../runs/h200/{HY3_07}/"
+    assert "unexplained" not in (row.get("class") or "")
+
+
+def test_an_unexplained_difference_is_flagged_on_the_page(committed: SiteData) -> None:
+    results = tuple(dataclasses.replace(r, status="runtime_error", message="CUDA error: an illegal memory access")
+                    if r.run_id == GROK_03 and not r.is_imported else r for r in committed.results)
+    html = _methodology(dataclasses.replace(committed, results=results))
+    section = _section(html)
+    assert "1 to explain" in text(section)
+    rows = [tr for tr in section.iterfind(".//tbody/tr") if tr.get("class") == "unexplained"]
+    assert len(rows) == 1 and GROK_03 in text(rows[0])
+    assert f"not explained yet ours fails where theirs passed: runtime_error {TO_EXPLAIN}" in text(rows[0])
