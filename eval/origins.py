@@ -114,11 +114,25 @@ def _under(path: str, folders: Iterable[str]) -> bool:
     return any(path == f or path.startswith(f.rstrip(os.sep) + os.sep) for f in folders)
 
 
+def _depth(path: str, folders: Iterable[str]) -> int:
+    """Length of the longest of `folders` that holds `path` (-1 if none does)."""
+    return max((len(f) for f in folders if path == f or path.startswith(f.rstrip(os.sep) + os.sep)), default=-1)
+
+
+def _ours(path: str, ours: Iterable[str], library: Iterable[str]) -> bool:
+    """Whether `path` is the candidate's: the innermost folder holding it decides, so the solution's
+    scratch copy counts even inside a folder that never counts, and torch.compile's cache in the
+    temp folder never does."""
+    mine = _depth(path, ours)
+    return mine >= 0 and mine > _depth(path, library)
+
+
 def candidate_folders(solution_dir: Path) -> tuple[list[str], list[str]]:
     """(folders whose files the candidate's code made, folders that never count): its folder, the
     torch-extension and Triton build caches (TORCH_EXTENSIONS_DIR, TRITON_CACHE_DIR or their
     defaults; sandbox.worker_env gives each solution its own) and the temp folder (private in the
-    jail); never torch's own folder, site-packages, or torch.compile's cache in the temp folder."""
+    jail); never torch's own folder, site-packages, torch.compile's cache in the temp folder, or the
+    grader's own code. The innermost folder holding a file decides (`_ours`)."""
     try:
         from torch.utils.cpp_extension import get_default_build_root
         extensions = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
@@ -130,6 +144,10 @@ def candidate_folders(solution_dir: Path) -> tuple[list[str], list[str]]:
     library = [os.path.dirname(torch.__file__), *site.getsitepackages(), site.getusersitepackages(),
                *(sysconfig.get_paths().get(k, "") for k in ("purelib", "platlib", "stdlib", "platstdlib"))]
     library += glob.glob(os.path.join(temp, "torchinductor_*"))
+    checkout = Path(__file__).resolve().parents[1]  # the grader's own code (a checkout may sit in /tmp)
+    library.append(str(Path(__file__).resolve().parent))
+    if (checkout / "pyproject.toml").exists():
+        library.append(str(checkout))
     return ours, [_real(p) for p in library if p]
 
 
@@ -266,7 +284,7 @@ def _triton_names(ours: list[str], library: list[str]) -> set[str]:
         if not isinstance(fn, types.FunctionType):
             continue
         files = [fn.__code__.co_filename, getattr(sys.modules.get(fn.__module__), "__file__", None) or ""]
-        if any(f and _under(_real(f), ours) and not _under(_real(f), library) for f in files if os.path.isabs(f)):
+        if any(f and _ours(_real(f), ours, library) for f in files if os.path.isabs(f)):
             names.add(fn.__name__)
     return names
 
@@ -275,7 +293,7 @@ def _source_files(folders: list[str], library: list[str]) -> list[Path]:
     files: list[Path] = []
     for folder in folders:
         for root, dirs, names in os.walk(folder):
-            dirs[:] = [d for d in dirs if not _under(_real(os.path.join(root, d)), library)]
+            dirs[:] = [d for d in dirs if _ours(_real(os.path.join(root, d)), [folder], library)]
             files += [Path(root, n) for n in names if Path(n).suffix in _SOURCE_SUFFIXES | _BINARY_SUFFIXES]
             if len(files) > _MAX_FILES:
                 return files[:_MAX_FILES]
@@ -341,7 +359,7 @@ class KernelOrigins:
         code = OwnCode()
         triton_names = _triton_names(ours, library)
         code.identifiers |= triton_names
-        built = [p for p in mapped if _under(_real(p), ours) and not _under(_real(p), library)]
+        built = [p for p in mapped if _ours(_real(p), ours, library)]
         symbols: set[str] = set()
         for path in built:
             symbols |= _binary_symbols(path, self._binaries)

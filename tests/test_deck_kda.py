@@ -149,10 +149,12 @@ def test_reference_equals_the_literal_algorithm(problem: Problem, ref: types.Mod
     # kernels sum in another order). A 1% error in the decay g already moves the output by 4.6e-3.
     assert float((ours - expected).abs().max()) <= 5e-4 * float(expected.abs().max())
     # Model.forward is this function cast to bf16. CPU BLAS is not bitwise reproducible from call to call
-    # (its kernels depend on buffer alignment), so a value at a rounding boundary may land one bf16 step away.
+    # (its kernels depend on buffer alignment), so two calls differ by the fp32 rounding bounded above,
+    # and the cast adds at most one bf16 step.
     got = ref.Model(*ref.get_init_inputs())(*inputs)
     assert got.dtype == torch.bfloat16
-    assert float(((got.double() - ours).abs() - ours.abs() * 2**-7).max()) <= 0
+    slack = ours.abs() * 2**-7 + 5e-4 * float(ours.abs().max())
+    assert float(((got.double() - ours).abs() - slack).max()) <= 0
 
 
 @pytest.mark.parametrize("case", ["nominal", "long_memory"])

@@ -205,8 +205,7 @@ def test_torch_and_site_packages_never_count(tmp_path: Path) -> None:
     assert torch_dir in library and origins._under(str(Path(torch_dir, "lib", "libtorch_cuda.so")), library)
     mapped = origins._mapped_files()
     assert mapped is not None and any("libtorch" in Path(p).name for p in mapped)
-    assert not [p for p in mapped if "libtorch" in p and origins._under(origins._real(p), ours)
-                and not origins._under(origins._real(p), library)]
+    assert not [p for p in mapped if "libtorch" in p and origins._ours(origins._real(p), ours, library)]
 
 
 def test_nothing_traced_with_an_in_memory_kernel_compiler_loaded_is_undecided(
@@ -267,3 +266,14 @@ def test_forbidden_kernels_are_refused_whatever_their_origin() -> None:
     assert not problem.require_own_kernel
     found = kernel_problems(problem, [NVJET, OWN_PLAIN[1]], [NVJET])
     assert found == [f"forbidden kernel {NVJET!r}"]
+
+
+def test_the_innermost_folder_decides_whose_a_file_is() -> None:
+    """A solution's scratch copy inside a folder that never counts (a checkout under /tmp) is the
+    candidate's; torch.compile's cache inside the temp folder, or the grader's checkout there, is not."""
+    ours, library = ["/tmp", "/tmp/repo/scratch/sol"], ["/tmp/repo", "/tmp/torchinductor_root"]
+    assert origins._ours("/tmp/repo/scratch/sol/solution.py", ours, library)
+    assert not origins._ours("/tmp/repo/tests/test_x.py", ours, library)
+    assert not origins._ours("/tmp/torchinductor_root/ab/kernel.py", ours, library)
+    assert origins._ours("/tmp/other/ext.so", ours, library)
+    assert not origins._ours("/usr/lib/libcublas.so", ours, library)
