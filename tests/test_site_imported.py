@@ -10,6 +10,7 @@ kept off the board, Orbit 2 fails. Ranked on speedup Fable 5 would lead; on % of
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,7 @@ from site_fixtures import (
     KBH_COMMIT,
     PASS,
     PROBLEM,
+    WRONG,
     SiteInputs,
     add_imported_board,
     kbh_source,
@@ -38,7 +40,16 @@ from site_fixtures import (
 from site_pages import check_internal_links, html_pages, parse, text
 
 from kernelboard.sitegen import build_site
-from kernelboard.sitegen.board import PEAK_FRACTION, SPEEDUP, build_boards, problem_entries
+from kernelboard.sitegen.board import (
+    ORDERING_RULE,
+    PEAK_FRACTION,
+    REGRADE_HELP,
+    SPEEDUP,
+    Board,
+    Row,
+    build_boards,
+    problem_entries,
+)
 from kernelboard.sitegen.fingerprint import fingerprint
 from kernelboard.sitegen.load import SiteData, load_site
 from kernelboard.sitegen.views import source_files
@@ -251,3 +262,76 @@ def test_an_off_board_run_in_chromium(browser: Browser, url: str) -> None:
     assert card.locator(".card-value").inner_text() == "20.0%" and IMP_SPEED in card.inner_text()
     assert problems == []
     page.close()
+
+
+# ------------------------------------------------------- a regrade in progress (see test_site_regrade.py)
+
+
+def _rows(board: Board) -> dict[str, Row]:
+    return {r.model: r for r in board.rows}
+
+
+def _h200(data: SiteData) -> Board:
+    return next(b for b in build_boards(data) if b.gpu == GPU)
+
+
+def test_a_model_with_ungraded_published_runs_is_unranked_and_never_the_best(data: SiteData) -> None:
+    board = _h200(data)
+    rows = _rows(board)
+    fable, orbit = rows["fable-5"], rows["orbit-2"]
+    assert fable.regrade is not None and (fable.regrade.graded, fable.regrade.published) == (0, 2)
+    assert fable.regrade.text == "regrade in progress: 0 of 2 published runs graded on this GPU"
+    assert orbit.regrade is not None and (orbit.regrade.graded, orbit.regrade.published) == (0, 1)
+    assert (fable.rank, fable.score, orbit.rank, orbit.score) == (None, None, None, None)
+    cell = fable.cells[0]
+    assert cell is not None and cell.run.run_id == PASS and cell.state == "pass"  # the graded cell still shows
+    assert not cell.is_best and cell.value is not None
+    # with no ranked AI model passing, nothing sets the best: no share, the house kernel's included
+    assert all(c is None or c.share is None for r in board.rows for c in r.cells)
+    assert [r.display for r in board.rows] == ["Fable 5", "Orbit 2", "Kinetic K3 <beta>", "kernelboard house",
+                                               "Reference (eager PyTorch)"]
+    imported = next(b for b in build_boards(data) if b.gpu == IMPORTED_GPU)
+    assert [(r.display, r.rank, r.regrade) for r in imported.rows] == [
+        ("Nova 4", 1, None), ("Fable 5", 2, None), ("Orbit 2", 3, None)]
+
+
+def test_a_fully_graded_model_is_ranked_again(data: SiteData, site_inputs: SiteInputs) -> None:
+    # regrade Orbit 2's imported run on the h200: all its published runs there are graded now
+    base = next(r for r in data.results if (r.run_id, r.gpu) == (WRONG, GPU))
+    regraded = replace(data, results=(*data.results, replace(base, run_id=IMP_FAIL)))
+    rows = _rows(_h200(regraded))
+    assert (rows["orbit-2"].regrade, rows["orbit-2"].rank, rows["orbit-2"].score) == (None, 1, 0.0)
+    assert rows["fable-5"].regrade is not None and rows["fable-5"].rank is None  # Fable 5 still is not
+    # the plain fixture (no imported board): every published run is graded, Fable 5 ranked first and the best
+    plain = _rows(_h200(load_site(site_inputs.data_dir, site_inputs.decks_dir)))
+    assert (plain["fable-5"].regrade, plain["fable-5"].rank, plain["fable-5"].score) == (None, 1, 1.0)
+    assert plain["fable-5"].cells[0] is not None and plain["fable-5"].cells[0].is_best
+
+
+def test_the_pages_say_so(site: Path) -> None:
+    want = "regrade in progress: 0 of 2 published runs graded on this GPU"
+    home = parse(site / "index.html")
+    row = next(tr for tr in home.iterfind(f".//section[@id='hard-{GPU}']//table[@class='leaderboard']/tbody/tr")
+               if "Fable 5" in text(tr.find("th")))
+    assert want in text(row.find("th"))
+    assert text(row.find("td[@class='rank']")) == "—"
+    assert "not ranked yet" in text(row.find("td[@data-label='Score']"))
+    span = row.find(".//span[@class='sub regrade']")
+    assert span is not None and span.get("title") == REGRADE_HELP and "not failures" in REGRADE_HELP
+    gpu = parse(site / "gpu" / GPU / "index.html")
+    line = next(tr for tr in gpu.iterfind(".//table[@id='table-hard']/tbody/tr") if "Fable 5" in text(tr.find("th")))
+    assert want in text(line.find("th")) and text(line.find("td")) == "—"
+    assert "is listed, unranked and unscored (regrade in progress), until they are" in text(
+        gpu.find(".//section[@id='ordering']"))
+    assert "regrade in progress" in ORDERING_RULE
+
+
+def test_the_model_page_shows_no_rank_while_in_progress(site: Path) -> None:
+    pages = [p for p in (site / "models").glob("*/index.html") if "Fable 5" in text(parse(p).find(".//h1"))]
+    assert len(pages) == 1
+    page = parse(pages[0])
+    standing = text(page.find(f".//section[@id='board-{GPU}-hard']/p[@class='standing']"))
+    assert standing.startswith("not ranked yet: regrade in progress: 0 of 2 published runs graded") and \
+        "rank" not in standing.replace("not ranked", "")
+    imported = text(page.find(f".//section[@id='board-{IMPORTED_GPU}-hard']/p[@class='standing']"))
+    assert imported.startswith("rank 2 of 3")
