@@ -47,8 +47,7 @@ from kernelboard.errors import KernelboardError, UsageError
 from .deck import Problem, load_deck
 from .hardware import gpu_key
 from .merge import has_tables, merge_results
-from .schedule import EvalOptions, _cached_baselines, _gradeable, _graded_solutions, select_submissions
-from .settings import BASELINE_VARIANTS
+from .schedule import EvalOptions, _cached_baselines, _gradeable, _graded_solutions, baselines_todo, select_submissions
 from .submission import Submission
 from .tables import read_table
 
@@ -176,10 +175,7 @@ def _probe(opts: EvalOptions, devices: list[str]) -> dict[str, dict[str, Any]]:
 
 def _lacks_baselines(opts: EvalOptions, gpu: str, problem: Problem, env: dict[str, Any]) -> bool:
     """Would `schedule.ensure_baselines` measure anything of this problem (same variants, same cache)?"""
-    variants = [v for v in (*BASELINE_VARIANTS[opts.device], *(f"library:{name}" for name in problem.library))
-                if v not in opts.skip_baselines]
-    cached = _cached_baselines(opts.out, gpu, problem, env)
-    return any(v not in cached.get(s.idx, {}) for s in problem.shapes_for(opts.device) for v in variants)
+    return any(baselines_todo(opts, problem, _cached_baselines(opts.out, gpu, problem, env)).values())
 
 
 def _plural(n: int, word: str) -> str:

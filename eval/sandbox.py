@@ -44,14 +44,6 @@ class WorkerOutcome:
     log_path: Path
 
 
-def cutlass_include() -> Path | None:
-    """The main CUTLASS include folder builds see (`cutlass_headers.find_cutlass`: $KERNELBOARD_CUTLASS,
-    $CUTLASS_PATH, else the `nvidia-cutlass` package), so CUTLASS-based solutions compile without
-    cloning CUTLASS themselves; None without one."""
-    found = find_cutlass()
-    return found.includes[0] if found is not None else None
-
-
 def cutlass_line() -> str:
     """What the worker's log says about CUTLASS: which one builds see, or that there is none."""
     found = find_cutlass()

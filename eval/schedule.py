@@ -106,14 +106,27 @@ def _transient(row: dict[str, Any]) -> bool:
     return row["status"] == "error" and "out of memory" in (row["message"] or "").lower()
 
 
+def baseline_variants(opts: EvalOptions, problem: Problem) -> tuple[str, ...]:
+    """The baselines measured for a problem: the device's eager and compile variants and the problem's
+    library lines, less those --skip-baseline names."""
+    return tuple(v for v in (*BASELINE_VARIANTS[opts.device], *(f"library:{name}" for name in problem.library))
+                 if v not in opts.skip_baselines)
+
+
+def baselines_todo(opts: EvalOptions, problem: Problem, cached: dict[int, dict[str, Any]]) -> dict[str, list[str]]:
+    """shape index -> the variants `cached` lacks (an empty list where it has them all)."""
+    variants = baseline_variants(opts, problem)
+    return {str(s.idx): [v for v in variants if v not in cached.get(s.idx, {})]
+            for s in problem.shapes_for(opts.device)}
+
+
 def ensure_baselines(opts: EvalOptions, gpu: str, problem: Problem, env: dict[str, Any],
                      scratch: Path) -> dict[int, dict[str, Any]]:
     """Eager and torch.compile times for every shape, measured once per device and software."""
     shapes = problem.shapes_for(opts.device)
-    variants = tuple(v for v in (*BASELINE_VARIANTS[opts.device], *(f"library:{name}" for name in problem.library))
-                     if v not in opts.skip_baselines)
+    variants = baseline_variants(opts, problem)
     cached = {} if opts.regrade else _cached_baselines(opts.out, gpu, problem, env)
-    todo = {str(s.idx): [v for v in variants if v not in cached.get(s.idx, {})] for s in shapes}
+    todo = baselines_todo(opts, problem, cached)
     if not any(todo.values()):
         return cached
     _console.print(f"measuring baselines for {problem.name} on {env['device_name']} …")

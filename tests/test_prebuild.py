@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kernelboard.eval.sandbox import cutlass_include, worker_env
+from kernelboard.eval.cutlass_headers import find_cutlass
+from kernelboard.eval.sandbox import worker_env
 from kernelboard.eval.schedule import EvalOptions, run_eval
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +56,8 @@ def test_cutlass_headers_are_exported_when_the_package_is_installed(tmp_path: Pa
     (package / "source" / "include" / "cutlass" / "cutlass.h").write_text("// header\n")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
-    include = cutlass_include()
+    found = find_cutlass()
+    include = found.includes[0] if found is not None else None
     assert include == package / "source" / "include"
     env = worker_env("key", arch="9.0")
     assert env["CPLUS_INCLUDE_PATH"].split(":")[0] == str(include)
