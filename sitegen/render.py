@@ -18,7 +18,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import plotly.offline
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, pass_context, select_autoescape
 from jinja2.runtime import Context
 
@@ -143,13 +142,12 @@ def _last_updated(data: SiteData) -> datetime | None:
 
 
 def _assets(fingerprint: str | None = None) -> dict[str, bytes]:
-    """static/ as is, plus the Plotly bundle from the installed package and the Pygments CSS."""
+    """static/ as is (the Plotly bundle is vendored there: static/plotly.README.md), plus the Pygments CSS."""
     if not TEMPLATES_DIR.is_dir() or not STATIC_DIR.is_dir():
         raise KernelboardError(f"no templates/ or static/ beside {_SOURCE / 'sitegen'}: "
                                "the site builds from a source checkout (pip install -e .)")
     files = {f"static/{p.relative_to(STATIC_DIR).as_posix()}": p.read_bytes()
              for p in sorted(STATIC_DIR.rglob("*")) if p.is_file()}
-    files["static/plotly.min.js"] = plotly.offline.get_plotlyjs().encode()
     files["static/pygments.css"] = pygments_css().encode()
     files[MARKER] = (_MARKER_TEXT + (f"{fp.PREFIX}{fingerprint}\n" if fingerprint else "")).encode()
     return files

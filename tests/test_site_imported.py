@@ -249,7 +249,7 @@ def test_an_off_board_run_in_chromium(browser: Browser, url: str) -> None:
     assert all(f"off board: {IMP_OFF_REASON}" in off.nth(i).inner_text() for i in range(2))
     # the roofline chart draws the board's passes only
     bars = page.evaluate(f"JSON.parse(document.querySelector('script[data-for=chart-roofline-{IMPORTED_GPU}]')"
-                         ".textContent).figure.data[0].x")
+                         ".textContent).figure.data[0].y")  # sideways bars: a row per submission
     assert sorted(bars) == ["Fable 5", "Nova 4"]
     # a model whose only run is kept off the board: no board, but its page lists the run and why
     page.goto(url + "models/zephyr-1/")

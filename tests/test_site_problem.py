@@ -43,4 +43,4 @@ def test_a_problem_page_lists_each_models_best_run_and_counts_the_rest(tmp_path:
     block = section.find(".//script[@data-for='chart-speedup-h200']")
     assert block is not None
     traces = json.loads(block.text or "")["figure"]["data"]
-    assert sum(len(t["x"]) for t in traces) == len(per_model)
+    assert sum(len(t["y"]) for t in traces) == len(per_model)  # bars run sideways: one row per model
