@@ -252,9 +252,11 @@ def _probe_ms(refs: list[Output], device: str) -> float:
 def _floor(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, device: str, claimed_ms: float) -> float:
     """The judge's floor under one call's time (timing.floor_ms): each batch timed here, around
     the request, its probed elements checked like the timed calls', and the runner's own samples of
-    the batch held against this clock (timing.batch_problem)."""
+    the batch held against this clock (timing.batch_problem). The runner's samples run unbroken
+    over the batch, probes and its loop included, so the check allows only the round trip; the
+    floor, a bound on the calls alone, also takes off the judge's own measure of the probes."""
     where = f"shape {plan.shape.idx}"
-    batches = []
+    batches, floors = [], []
     probe_ms = 2.0 * _probe_ms(plan.proof_refs[0], device)
     for b, (refs, seeds) in enumerate(zip(plan.proof_refs, plan.proof_seeds, strict=True)):
         if b >= 2 and sum(w for w, _, _ in batches) > PROOF_FLOOR_BUDGET_MS:
@@ -270,14 +272,14 @@ def _floor(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, device: 
         claimed = reply.samples("samples_ms", at_least=calls)
         if len(claimed) != calls:
             raise reply._bad(f"'samples_ms' has {len(claimed)} samples for {calls} calls")
-        batches.append((wall_ms - probe_ms * len(refs), calls, sum(claimed)))
-    allowance = PROOF_DISPATCH_MS[device]
+        batches.append((wall_ms, calls, sum(claimed)))
+        floors.append((wall_ms - probe_ms * len(refs), calls))
     log("worker", f"{where}: floor batches (judge ms, calls, runner's summed ms): "
                   + ", ".join(f"({w:.2f}, {n}, {c:.2f})" for w, n, c in batches))
-    forged = batch_problem(batches, allowance)
+    forged = batch_problem(batches)
     if forged:
         raise Failure("integrity_violation", f"{where}: {forged}")
-    return floor_ms([(w, n) for w, n, _ in batches], allowance)
+    return floor_ms(floors, PROOF_DISPATCH_MS[device])
 
 
 def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, state: dict[str, Any],

@@ -46,14 +46,19 @@ same persistent output buffer on every call**; a tuple's parts are probed separa
 runner, which candidate code can take over (patch `time.perf_counter_ns` or
 `torch.cuda.Event.elapsed_time`). So the judge also asks for PROOF_ROUNDS batches of
 back-to-back calls, each on an input set never used before (no flush, no per-call synchronise:
-one at the end), timed by the runner's clock call by call *and* by the judge's own clock around
-the whole request. The runner cannot answer before the calls are done — the reply carries their
+one at the end), timed by the runner's clock *and* by the judge's own clock around the whole
+request. The runner's clock runs unbroken over the batch — a mark before the first call and one
+after each call and its probe — so an honest runner's samples add up to the batch, its own loop
+included. The runner cannot answer before the calls are done — the reply carries their
 probed elements, checked like the timed ones. One rule, and one piece of evidence:
 
 - *same calls, two clocks*: in at least one batch, the runner's samples must add up to
-  PROOF_CLAIM_FACTOR of the judge's wall time less PROOF_ROUNDTRIP_MS and the judge's own
-  measurement of the per-call probe (×2). A patched clock shrinks every batch and is refused as
-  an integrity violation; a hiccup outside the calls only inflates one batch.
+  PROOF_CLAIM_FACTOR of the judge's wall time less PROOF_ROUNDTRIP_MS. A patched clock shrinks
+  every batch and is refused as an integrity violation; a hiccup outside the calls only inflates
+  one batch. (Until grader 0.3.1 each call had its own event pair and the judge allowed a fixed
+  0.02 ms a call for the loop between them; on an H200 whose host was busy with another GPU's
+  grading, that loop took ~0.04 ms a call, and the honest house 03 kernel was refused on a
+  launch-bound shape: 16.9 ms claimed against 32.9 ms by the judge for 400 calls.)
 - *the floor* (logged, not a refusal): the lowest batch's judge time per call, less the same
   allowances, bounds a warm call from below. It is not held against the timed loop's median,
   because the conditions differ twice: a warm call is cheaper than a flushed one (on a 2-core
@@ -64,8 +69,10 @@ probed elements, checked like the timed ones. One rule, and one piece of evidenc
   are not refused** (tests/test_redteam_judge.py keeps both as known gaps); the log shows the
   floor beside the median for an auditor.
 
-Where a batch's calls are too short to stand out of the round-trip allowance (launch-bound
-shapes), the two-clock rule weakens, and the floor says so by being 0.
+Where a batch's calls are too short to stand out of the allowances (launch-bound shapes), the
+floor says so by being 0. A clock that takes a constant few µs off every call shrinks a batch of
+400 calls of 50 µs by less than the factor allows: lies smaller than 1 − PROOF_CLAIM_FACTOR of a
+call are not refused by this rule.
 
 Known biases: events on the current stream miss work on other streams (the caller cross-checks
 wall time, and the probe, enqueued after the call, reads outputs the stream has not waited
@@ -166,19 +173,18 @@ def floor_ms(batches: Sequence[tuple[float, int]], extra_per_call_ms: float) -> 
     return max(0.0, min((wall - PROOF_ROUNDTRIP_MS) / calls for wall, calls in batches) - extra_per_call_ms)
 
 
-def batch_problem(batches: Sequence[tuple[float, int, float]], extra_per_call_ms: float) -> str | None:
+def batch_problem(batches: Sequence[tuple[float, int, float]]) -> str | None:
     """Why the runner's own samples of the floor batches cannot be true, or None: for each batch
-    (judge wall ms, calls, the runner's summed samples ms), the samples must cover at least
-    PROOF_CLAIM_FACTOR of the judge's wall less the allowances, in at least one batch (a hiccup
-    outside the calls only hurts one batch; a patched clock shrinks every batch's claim)."""
-    covered = [claimed / max(wall - PROOF_ROUNDTRIP_MS - calls * extra_per_call_ms, 1e-9)
-               for wall, calls, claimed in batches]
+    (judge wall ms, calls, the runner's summed samples ms — unbroken over the batch, its loop and
+    probes included), the samples must cover at least PROOF_CLAIM_FACTOR of the judge's wall less
+    the round trip, in at least one batch (a hiccup outside the calls only hurts one batch; a
+    patched clock shrinks every batch's claim)."""
+    covered = [claimed / max(wall - PROOF_ROUNDTRIP_MS, 1e-9) for wall, _, claimed in batches]
     if max(covered) < PROOF_CLAIM_FACTOR:
         wall, calls, claimed = batches[covered.index(max(covered))]
         return (f"the runner's clock says {calls} back-to-back calls took {claimed:.4f} ms, the judge's clock "
-                f"{wall:.4f} ms around them (less {PROOF_ROUNDTRIP_MS:g} ms for the round trip and "
-                f"{extra_per_call_ms:.4f} ms per call for the dispatch; claims below {PROOF_CLAIM_FACTOR:g}× "
-                f"that are refused)")
+                f"{wall:.4f} ms around them (less {PROOF_ROUNDTRIP_MS:g} ms for the round trip; claims below "
+                f"{PROOF_CLAIM_FACTOR:g}× that are refused)")
     return None
 
 

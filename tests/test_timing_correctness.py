@@ -79,9 +79,9 @@ def test_a_probe_never_refuses_an_output_within_tolerance() -> None:
 
 def test_a_claim_below_the_judges_clock_is_refused() -> None:
     # Runner's samples sum to half the judge's wall for the same 20 calls: refused in every batch.
-    assert "judge's clock" in timing.batch_problem([(20.5, 20, 10.0), (21.0, 20, 10.2)], 0.0)
+    assert "judge's clock" in timing.batch_problem([(20.5, 20, 10.0), (21.0, 20, 10.2)])
     # One batch inflated by a hiccup outside the calls: the other one vouches.
-    assert timing.batch_problem([(40.0, 20, 19.8), (20.6, 20, 19.9)], 0.0) is None
+    assert timing.batch_problem([(40.0, 20, 19.8), (20.6, 20, 19.9)]) is None
     floor = timing.floor_ms([(20.5, 20), (30.0, 20)], 0.0)
     assert floor == pytest.approx(1.0)
 
