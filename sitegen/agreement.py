@@ -12,7 +12,9 @@ source board, the two verdicts are compared as pass / not pass (`eval.schema.STA
 - **differ**, with a cause class read from our status and message by the explicit rules of `classify`.
   A class that starts "stronger check:" names a check kernelboard runs and the original grader does not
   (a stress case, structural case or seed of ours only, the run-time audits, the integrity checks); those
-  rows are counted and listed apart. A difference no rule explains gets an honest "(to explain)" class
+  rows are counted and listed apart. A `wrong` on a check both graders run, where theirs graded the
+  kernel on another GPU, is the class "other GPU" and counts against the figure (the kernel behaves
+  differently there; why is for its run page's log). A difference no rule explains gets an honest "(to explain)" class
   and `explained=False`, which the methodology page flags: it is never hidden in a catch-all.
 
 The agreement figure is agree / (agree + differ not caused by a stronger check of ours), over the pairs
@@ -81,9 +83,11 @@ def _wrong_cause(message: str, problem: Problem | None) -> str | None:
                 return f"{STRONGER}stress case {name} (ours only)"
         ss = problem.structural_stress
         if ss is not None and f"case {ss.function}(" in message:
-            return f"{STRONGER}structural case {ss.function} (ours only)"
+            return f"{STRONGER}structural case {ss.function} (not run by theirs)"
     if "output dtype" in message:
         return f"{STRONGER}output dtype"
+    if "names the same index twice" in message:
+        return f"{STRONGER}top-k indices distinct within a row"
     if "past the sequence length" in message:
         return f"{STRONGER}reads past the sequence length"
     seeds = [int(s) for s in _SEED.findall(message)]
@@ -119,8 +123,9 @@ def _integrity_cause(message: str) -> str | None:
 
 
 def classify(ours_status: str, ours_message: str, their_status: str, their_message: str = "",
-             problem: Problem | None = None) -> Verdict:
-    """Compare our verdict on a kernel with the original grader's (see the module docstring)."""
+             problem: Problem | None = None, gpus: tuple[str, str] | None = None) -> Verdict:
+    """Compare our verdict on a kernel with the original grader's (see the module docstring);
+    `gpus` is (ours, theirs) where known."""
     if ours_status in EXCLUDED_OURS:
         return Verdict("excluded", f"ours: {ours_status} (not a verdict on this GPU)")
     if their_status in EXCLUDED_THEIRS:
@@ -139,6 +144,8 @@ def classify(ours_status: str, ours_message: str, their_status: str, their_messa
         cause = _integrity_cause(ours_message)
     if cause is not None:
         return Verdict("differ", cause)
+    if ours_status == "wrong" and gpus is not None and gpus[0] != gpus[1] and _CASE.search(ours_message):
+        return Verdict("differ", f"other GPU: fails a check both run on {gpus[0]}, passed on {gpus[1]}")
     if ours_status in ("runtime_error", "build_error", "timeout", "oom"):
         return Verdict("differ", f"ours fails where theirs passed: {ours_status} {TO_EXPLAIN}", explained=False)
     return Verdict("differ", f"ours: {ours_status} {TO_EXPLAIN}", explained=False)
@@ -230,7 +237,7 @@ def agreement(data: SiteData) -> Agreement:
         if theirs is None:
             continue
         problem = data.problems.get((run.bench, run.problem))
-        verdict = classify(r.status, r.message, theirs.status, theirs.message, problem)
+        verdict = classify(r.status, r.message, theirs.status, theirs.message, problem, (r.gpu, theirs.gpu))
         pairs.append(Pair(run, r, theirs, verdict))
     return Agreement(tuple(pairs), len(published), len({p.run.run_id for p in pairs}),
                      tuple(sorted({p.ours.gpu for p in pairs})))

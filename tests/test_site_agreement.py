@@ -95,7 +95,18 @@ def test_a_structural_case_is_a_stronger_check(deck02) -> None:
     fn = deck02.structural_stress.function
     message = f"shape 1 (long) seed 42 case {fn}(split=3, beta_percent=80): 9 of 4096 elements out of tolerance"
     verdict = classify("wrong", message, "pass", "", deck02)
-    assert verdict.stronger and verdict.cause == f"stronger check: structural case {fn} (ours only)"
+    assert verdict.stronger and verdict.cause == f"stronger check: structural case {fn} (not run by theirs)"
+
+
+def test_a_check_both_run_failing_on_another_gpu_is_explained_but_counts(deck07) -> None:
+    message = "shape 0 (decode) seed 42 case small_activation: 3 of 12288 elements out of tolerance"
+    verdict = classify("wrong", message, "pass", "", deck07, ("h200", "rtx-pro-6000"))
+    assert verdict.kind == "differ" and verdict.explained and not verdict.stronger
+    assert verdict.cause == "other GPU: fails a check both run on h200, passed on rtx-pro-6000"
+    same_gpu = classify("wrong", message, "pass", "", deck07, ("h200", "h200"))
+    assert not same_gpu.explained  # on the same GPU such a difference is still to explain
+    crashed = classify("runtime_error", "CUDA error: misaligned address", "pass", "", deck07, ("h200", "b200"))
+    assert not crashed.explained  # only a verdict on a named check qualifies
 
 
 def test_the_fresh_seed_is_a_stronger_check(deck07) -> None:
@@ -111,6 +122,8 @@ def test_the_fresh_seed_is_a_stronger_check(deck07) -> None:
 
 @pytest.mark.parametrize(("status", "message", "cause"), [
     ("wrong", "shape 0 (decode) seed 42 case nominal: output dtype float32 != expected bfloat16", "output dtype"),
+    ("wrong", "shape 0 (decoder vocabulary) seed 42 case nominal (op audit): row 0 names the same index twice",
+     "top-k indices distinct within a row"),
     ("wrong", "shape 1 seed 42 case nominal: reads past the sequence length of sequence 3",
      "reads past the sequence length"),
     ("wrong", "shape 0: a timed call on input set 2 returned a wrong output: 7 of 12288 elements",
@@ -235,8 +248,10 @@ def test_the_methodology_page_lists_the_differences(committed: SiteData) -> None
             facts["excluded"]) == (str(len(a.agree)), str(len(a.stronger)), str(len(a.other)), str(len(a.excluded)))
     assert facts["agreement"].startswith(f"{pct(a.rate)} = agree / (agree + other differences)")
     tables = section.findall(".//table")
-    assert len(tables) == 1  # only the stronger-check table has rows today
-    row = next(tr for tr in tables[0].iterfind(".//tbody/tr") if HY3_07 in text(tr))
+    assert len(tables) == bool(a.stronger) + bool(a.other)  # a table for each kind of difference present
+    rows = [tr for table in tables for tr in table.iterfind(".//tbody/tr")]
+    assert len(rows) == len(a.stronger) + len(a.other)
+    row = next(tr for tr in rows if HY3_07 in text(tr))
     assert "stronger check: stress case small_scales (ours only)" in text(row)
     assert row.find(".//th/a").get("href") == f"../runs/h200/{HY3_07}/"
     assert "unexplained" not in (row.get("class") or "")
