@@ -29,7 +29,7 @@ from rich.console import Console
 
 from kernelboard.errors import KernelboardError, UsageError
 
-from . import cpus, jail
+from . import jail
 from .cutlass_headers import find_cutlass
 from .jail import Jail
 from .locks import hold, lock_dir
@@ -129,18 +129,14 @@ def run_worker(job: dict[str, Any], workdir: Path, log_path: Path, timeout_s: fl
         log = open(log_path, "a" if log_header else "w")  # noqa: SIM115 (closed by the with below)
         if log_header:
             log.write(f"{log_header}\n")
-        plan = cpus.host_plan() if job.get("device") == "cuda" else None
         if job.get("kind") == "grade":
             log.write(f"{cutlass_line()}\n")
-        if job.get("device") == "cuda":
-            log.write(f"{cpus.describe(plan)}\n")
         log.flush()
     start = time.perf_counter()
     phase, phase_start = None, start
     with log:
-        command = [sys.executable, "-m", "kernelboard.eval.worker", str(job_path)]
-        proc = subprocess.Popen(  # taskset execs the worker (same pid); the runner it starts inherits the cores
-            cpus.pinned(command, plan.measure if plan else None),
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kernelboard.eval.worker", str(job_path)],
             cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=worker_env(cache_key, arch, interpret=job.get("device") == "cpu"), start_new_session=True,
         )
@@ -211,9 +207,7 @@ def start_prebuild(problem_path: Path, solution_dir: Path, log_path: Path, cache
         log.write(f"{cutlass_line()}\n")
         log.flush()
         started = time.monotonic()
-        plan = cpus.host_plan()  # off the cores a GPU is being measured on
-        command = [sys.executable, "-m", "kernelboard.eval.prebuild", str(problem), str(solution_dir)]
-        proc = jail.start(cell, cpus.pinned(command, plan.build if plan else None),
+        proc = jail.start(cell, [sys.executable, "-m", "kernelboard.eval.prebuild", str(problem), str(solution_dir)],
                           writable=[solution_dir, cache_dir(cache_key)], readable=[jail.problem_root(solution_dir)],
                           cwd=solution_dir, env=env, device="cpu",
                           stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).proc
