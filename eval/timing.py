@@ -58,7 +58,10 @@ probed elements, checked like the timed ones. One rule, and one piece of evidenc
   one batch. (Until grader 0.3.1 each call had its own event pair and the judge allowed a fixed
   0.02 ms a call for the loop between them; on an H200 whose host was busy with another GPU's
   grading, that loop took ~0.04 ms a call, and the honest house 03 kernel was refused on a
-  launch-bound shape: 16.9 ms claimed against 32.9 ms by the judge for 400 calls.)
+  launch-bound shape: 16.9 ms claimed against 32.9 ms by the judge for 400 calls. With the
+  unbroken clock, one loaded grading still covered only 0.69 — the reply carrying 346 calls'
+  probes is built after the calls — so the last mark now follows the probes' copy, and the factor
+  is 0.6, above the 0.38 of a halved timer.)
 - *the floor* (logged, not a refusal): the lowest batch's judge time per call, less the same
   allowances, bounds a warm call from below. It is not held against the timed loop's median,
   because the conditions differ twice: a warm call is cheaper than a flushed one (on a 2-core

@@ -243,7 +243,8 @@ def test_a_persisting_l2_window_buys_no_speed_over_the_house_kernel(graded) -> N
 def test_a_graph_keyed_on_input_pointers_is_timed_at_its_replay_not_its_capture(graded) -> None:
     """The live inputs keep their addresses across timed calls, so such a kernel replays its graph:
     no slower than the house kernel it wraps (re-capturing on every call measured 0.56-0.83x)."""
-    root, _ = graded
+    root, rows = graded
+    assert rows["graph_on_input_pointers"]["status"] == "pass"  # skips where the case was not graded
     shapes = load_all(root / "out")["shapes"].to_pylist()
     house = {s["shape_idx"]: s["median_ms"] for s in shapes if s["run_id"] == "house"}
     graphed = {s["shape_idx"]: s["median_ms"] for s in shapes if s["run_id"] == "graph_on_input_pointers"}
