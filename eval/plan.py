@@ -83,7 +83,12 @@ def scaled_state(model: torch.nn.Module, factors: dict[str, float]) -> Iterator[
 
 
 def build_model(module: types.ModuleType, init_args: list[Any], device: str,
-                class_name: str = "Model") -> torch.nn.Module:
+                class_name: str = "Model", init_on_device: bool = False) -> torch.nn.Module:
+    """`class_name(*init_args)` on `device`, in eval mode: built on the CPU and moved, as KernelBench
+    builds it, or with `init_on_device` built there directly (its factory calls default to it)."""
+    if init_on_device:
+        with torch.device(device):
+            return getattr(module, class_name)(*init_args).to(torch.device(device)).eval()
     return getattr(module, class_name)(*init_args).to(torch.device(device)).eval()
 
 
@@ -138,7 +143,7 @@ def make_plan(problem: Problem, reference: types.ModuleType, shapes: tuple[Shape
         apply_shape(reference, problem, shape)
         init_args = list(reference.get_init_inputs())
         torch.manual_seed(seeds[0])
-        ref_model = build_model(reference, init_args, device)
+        ref_model = build_model(reference, init_args, device, init_on_device=problem.reference_init_on_device)
         plan = ShapePlan(shape, init_args, {k: v.detach().clone() for k, v in ref_model.state_dict().items()})
         first: list[Any] = []
         for seed in seeds:
