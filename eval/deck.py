@@ -119,10 +119,11 @@ class Problem:
     forbidden_ops: tuple[str, ...] = ()  # substrings of aten op names refused at run time
     forbidden_kernels: tuple[str, ...] = ()  # regexes of CUDA kernel names refused in the timed call
     require_own_kernel: bool = False  # the timed call must launch a kernel no library ships
-    #: The judge builds the reference Model's parameters on the grading device instead of on the CPU
-    #: (06: 1.6 G bf16 weights drawn by `normal_` on the CPU took most of a shape's minute); the
-    #: values differ from a CPU draw, the same on every grading. The solution is built as it expects.
-    reference_init_on_device: bool = False
+    #: The judge draws the reference Model's parameters and the inputs on the grading device instead
+    #: of on the CPU (06: 1.6 G bf16 weights and 1 G-element hidden states per input set, drawn on
+    #: the CPU, took most of each shape's minute). The values differ from a CPU draw, and are the same
+    #: on every grading on that device; the solution's Model is still built as KernelBench builds it.
+    draw_on_device: bool = False
     library: dict[str, str] = field(default_factory=dict)  # library line name -> reference.py function
     solution_class: str = "Model"  # ScalingIntelligence KernelBench candidates define ModelNew
     weight_transfer: str = "state_dict"  # or "seed": both models built after the same manual_seed
@@ -286,7 +287,7 @@ def load_native_problem(folder: Path) -> Problem:
         forbidden_ops=tuple(str(x) for x in f.get("forbidden_ops", list, [])),
         forbidden_kernels=tuple(str(x) for x in f.get("forbidden_kernels", list, [])),
         require_own_kernel=f.get("require_own_kernel", bool, False),
-        reference_init_on_device=f.get("reference_init_on_device", bool, False),
+        draw_on_device=f.get("draw_on_device", bool, False),
         library=_library(f.get("library", dict, {}), f"{path}: library"),
         solution_class=f.get("solution_class", str, "Model"),
         weight_transfer=_choice(f, "weight_transfer", ("state_dict", "seed"), "state_dict"),

@@ -419,7 +419,7 @@ def baselines(job: dict[str, Any], result: dict[str, Any]) -> None:
         plan = make_plan(problem, reference, (shape,), [int(job["base_seed"])], BASELINE_TIMING_SEEDS, device)[0]
         plan.checks.clear()  # only the timing sets are needed here
         torch.manual_seed(int(job["base_seed"]))
-        model = build_model(reference, plan.init_args, device, init_on_device=problem.reference_init_on_device)
+        model = build_model(reference, plan.init_args, device, init_on_device=problem.draw_on_device)
         for variant in wanted:
             row: dict[str, Any] = {"shape_idx": shape.idx, "variant": variant}
             try:

@@ -43,9 +43,13 @@ def apply_shape(reference: types.ModuleType, problem: Problem, shape: Shape) -> 
         setattr(reference, global_name, shape.params[key])
 
 
-def draw_inputs(reference: types.ModuleType, seed: int, device: str) -> list[Any]:
+def draw_inputs(reference: types.ModuleType, seed: int, device: str, on_device: bool = False) -> list[Any]:
+    """`get_inputs()` after seeding, moved to `device`; with `on_device` drawn there (its factory
+    calls default to it) rather than on the CPU and moved."""
     torch.manual_seed(seed)
-    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in reference.get_inputs()]
+    with torch.device(device) if on_device else contextlib.nullcontext():
+        drawn = reference.get_inputs()
+    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in drawn]
 
 
 def scaled(inputs: list[Any], case: StressCase | None) -> list[Any]:
@@ -86,10 +90,8 @@ def build_model(module: types.ModuleType, init_args: list[Any], device: str,
                 class_name: str = "Model", init_on_device: bool = False) -> torch.nn.Module:
     """`class_name(*init_args)` on `device`, in eval mode: built on the CPU and moved, as KernelBench
     builds it, or with `init_on_device` built there directly (its factory calls default to it)."""
-    if init_on_device:
-        with torch.device(device):
-            return getattr(module, class_name)(*init_args).to(torch.device(device)).eval()
-    return getattr(module, class_name)(*init_args).to(torch.device(device)).eval()
+    with torch.device(device) if init_on_device else contextlib.nullcontext():
+        return getattr(module, class_name)(*init_args).to(torch.device(device)).eval()
 
 
 def clone_all(inputs: list[Any]) -> list[Any]:
@@ -143,11 +145,11 @@ def make_plan(problem: Problem, reference: types.ModuleType, shapes: tuple[Shape
         apply_shape(reference, problem, shape)
         init_args = list(reference.get_init_inputs())
         torch.manual_seed(seeds[0])
-        ref_model = build_model(reference, init_args, device, init_on_device=problem.reference_init_on_device)
+        ref_model = build_model(reference, init_args, device, init_on_device=problem.draw_on_device)
         plan = ShapePlan(shape, init_args, {k: v.detach().clone() for k, v in ref_model.state_dict().items()})
         first: list[Any] = []
         for seed in seeds:
-            inputs = draw_inputs(reference, seed, device)
+            inputs = draw_inputs(reference, seed, device, problem.draw_on_device)
             if structural and not first:
                 first = clone_all(inputs)
             for case in (None, *problem.numeric_stress):
@@ -161,7 +163,7 @@ def make_plan(problem: Problem, reference: types.ModuleType, shapes: tuple[Shape
             plan.checks.append(Check(f"seed {seeds[0]} case {sc.name}", case_inputs, list(case_inputs),
                                      ref_model(*case_inputs), structural_tolerance))
         for seed in timing_seeds:
-            inputs = draw_inputs(reference, seed + 7919 * shape.idx, device)
+            inputs = draw_inputs(reference, seed + 7919 * shape.idx, device, problem.draw_on_device)
             plan.timing_sets.append(inputs)
             plan.timing_refs.append(ref_model(*inputs))
             plan.timing_seeds.append(seed + 7919 * shape.idx)

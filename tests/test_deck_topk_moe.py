@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from kernelboard.eval.correctness import compare_topk
 from kernelboard.eval.deck import Problem, Shape, evaluate_formula, load_problem
-from kernelboard.eval.plan import apply_shape, build_model, import_file
+from kernelboard.eval.plan import apply_shape, build_model, draw_inputs, import_file
 
 DECK = Path(__file__).resolve().parents[1] / "eval" / "decks" / "hard"
 TOPK, MOE = "05_topk_bitonic", "06_sonic_moe_swiglu"
@@ -416,14 +416,20 @@ def test_topk_verdicts_name_what_is_wrong(topk_graded) -> None:
     assert messages["last_index_ties"].startswith("correct on all 32 checks (2 shapes"), messages["last_index_ties"]
 
 
-def test_moe_reference_weights_are_drawn_on_the_grading_device(moe) -> None:
-    """06 opts in to `reference_init_on_device`: the judge's reference Model is built on the device
-    (its `normal_` runs there), not on the CPU and moved; no other problem opts in."""
+def test_moe_reference_weights_and_inputs_are_drawn_on_the_grading_device(moe) -> None:
+    """06 opts in to `draw_on_device`: the judge builds the reference Model and draws the inputs on
+    the device (`normal_` and `randn` run there), not on the CPU and moved; no other problem opts in."""
     problem, ref = moe
-    assert problem.reference_init_on_device
+    assert problem.draw_on_device
     others = [n for n in (p.name for p in DECK.iterdir() if (p / "problem.yaml").is_file()) if n != MOE]
-    assert others and not any(load_problem(DECK / n).reference_init_on_device for n in others)
+    assert others and not any(load_problem(DECK / n).draw_on_device for n in others)
     apply_shape(ref, problem, problem.shapes[0])  # the full-size shape: 2 × 1.6 G weights, never allocated
     model = build_model(ref, list(ref.get_init_inputs()), "meta", init_on_device=True)
     assert {p.device.type for p in model.parameters()} == {"meta"}
     assert sum(p.numel() for p in model.parameters()) == 2 * 128 * 4096 * 1536
+    where = types.SimpleNamespace(get_inputs=lambda: [torch.randn(2, 3), 7])  # a factory call's default device
+    drawn, kept = draw_inputs(where, 42, "meta", on_device=True)
+    assert torch.randn(1).device.type == "cpu" and kept == 7
+    where.get_inputs = lambda: [torch.empty(0).device.type]  # reports where get_inputs' factories allocate
+    assert draw_inputs(where, 42, "meta", on_device=True) == ["meta"] and draw_inputs(where, 42, "meta") == ["cpu"]
+    assert drawn.device.type == "meta" and drawn.shape == (2, 3)
