@@ -192,7 +192,7 @@ def _verdict(ok: bool | None, limit: float, judged: bool = True) -> str:
 
 def fidelity_table(fig: RunFidelity, title: str) -> Table:
     """One row per shape (median µs of each grading, spread, verdict), then status and headline rows."""
-    table = Table(title=title, title_justify="left")
+    table = Table(title=title, title_justify="left", min_width=len(title))
     table.add_column("shape", justify="right")
     table.add_column("label")
     for i in range(len(fig.statuses)):
@@ -510,7 +510,8 @@ def cli(device: str, gpus: str | None, fidelity_globs: tuple[str, ...], gradings
     load_runs = _matching(submissions, load_globs or default_load, "--load-only")
     if json_path is not None and not json_path.parent.is_dir():
         raise UsageError(f"--json {json_path}: folder {json_path.parent} does not exist")
-    console, out = Console(stderr=True), Console(width=None if sys.stdout.isatty() else 120)
+    console = Console(stderr=True, soft_wrap=True)  # progress lines a log keeps whole
+    out = Console(width=None if sys.stdout.isatty() else 120)
     if device == "cuda" and not load_runs:
         console.print("[yellow]no load: the fidelity gradings run with the other GPU idle[/]")
     with _work_folder(work) as folder:
@@ -525,7 +526,8 @@ def cli(device: str, gpus: str | None, fidelity_globs: tuple[str, ...], gradings
     where = "CPU shapes, CPU timings: a smoke test" if device == "cpu" else f"GPU {devices[0]}"
     with_load = f", load on GPU {devices[-1]}" if load_runs and device == "cuda" else ""
     for fig in fidelity_figures(graded):
-        out.print(fidelity_table(fig, f"fidelity: {fig.run_id}, {len(fig.statuses)} gradings on {where}{with_load}"))
+        title = f"fidelity: {_short(fig.run_id)}, {len(fig.statuses)} gradings on {where}{with_load}"
+        out.print(fidelity_table(fig, title))
     out.print(grade_time_table(grade_time_figures(graded, device),
                                f"grade time per submission ({len(graded)} gradings; targets on the GPU only)"))
     for line in findings(graded):
