@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 
 from kernelboard.eval.schema import AGENT_OUTCOMES, STATUSES, UNSCORED_STATUSES
 
+from .fastest import FastestLines, VsFastest
 from .load import CPU_KEY, Annotation, Problem, Result, Run, SiteData
 
 
@@ -208,6 +209,7 @@ class Cell:
     is_best: bool
     annotation: Annotation | None = None  # the run's audit verdict, if audited
     metric: Metric = SPEEDUP  # what its board ranks on
+    vs_fastest: VsFastest | None = None  # a pass's speedup over the fastest PyTorch line (fastest.py)
 
     @property
     def value(self) -> float | None:
@@ -353,13 +355,14 @@ def build_boards(data: SiteData) -> tuple[Board, ...]:
     benches sorted."""
     graded: dict[tuple[str, str], list[Result]] = defaultdict(list)
     metrics = metrics_by_board(data)
+    lines = FastestLines(data.baselines)
     for result in data.results:
         if not result.off_board:
             graded[(result.gpu, data.runs[result.run_id].bench)].append(result)
     order = gpu_order(g for g, _ in graded)
     boards = []
     for gpu, bench in sorted(graded, key=lambda k: (order.index(k[0]), k[1])):
-        boards.append(_board(data, gpu, bench, graded[(gpu, bench)], metrics[(gpu, bench)]))
+        boards.append(_board(data, gpu, bench, graded[(gpu, bench)], metrics[(gpu, bench)], lines))
     return tuple(boards)
 
 
@@ -378,7 +381,8 @@ def regrades(data: SiteData, gpu: str, bench: str, problems: Iterable[str]) -> d
     return {model: Regrade(sum(flags), len(flags)) for model, flags in published.items() if not all(flags)}
 
 
-def _board(data: SiteData, gpu: str, bench: str, results: list[Result], metric: Metric) -> Board:
+def _board(data: SiteData, gpu: str, bench: str, results: list[Result], metric: Metric,
+           lines: FastestLines) -> Board:
     names = sorted({data.runs[r.run_id].problem for r in results})
     problems = tuple(data.problems[(bench, n)] for n in names)
     notes = data.annotations
@@ -415,7 +419,7 @@ def _board(data: SiteData, gpu: str, bench: str, results: list[Result], metric: 
             value = metric.of(res)
             share = value / best[name] if ok and best[name] and value is not None else None
             cells.append(Cell(run, res, share, ok and not run.is_house and model not in pending and share == 1.0,
-                              notes.get(run.run_id), metric))
+                              notes.get(run.run_id), metric, lines.of(run.bench, run.problem, res)))
         rows.append(_row(model, runs, tuple(cells), pending.get(model)))
     return Board(bench, gpu, gpu_label(data, gpu), problems, rank_rows(rows), metric,
                  tuple(sorted({r.measured_by for r in results})))

@@ -1,15 +1,16 @@
 """A fingerprint of every input a site build reads, so that a build with nothing changed is skipped.
 
 The fingerprint hashes the *contents* (never mtimes) of: every file under `DATA/results` (tables and
-logs) and `DATA/annotations`, every file of `DATA/submissions` but run.yaml (solution.py and its
-sidecars), every file under the decks
-folder, `templates/`, `static/`, `docs/methodology.md` and the site generator's own source, plus the
+logs) and `DATA/annotations`, `DATA/README.md` (the data page), every file of `DATA/submissions` but
+run.yaml (solution.py and its sidecars), every file under the decks folder, `templates/`, `static/`,
+`docs/methodology.md`, the checkout's `data/README.md` and the site generator's own source, plus the
 kernelboard version, the versions of the packages whose output lands in the pages (plotly.js, Pygments,
-Jinja2, markdown-it, pyarrow), the `--base-url` option and `SOURCE_DATE_EPOCH`. It is written into the
-built site's marker file; `build_site` compares it with the marker of the site already in `--out`.
+Jinja2, markdown-it, pyarrow), the `--base-url` option, the repository the footer links to
+(`repository.repository_url`) and `SOURCE_DATE_EPOCH`. It is written into the built site's marker file;
+`build_site` compares it with the marker of the site already in `--out`.
 
 sha256 rather than blake2b: SHA extensions make it the fastest here. Light on purpose (hashlib, os,
-pathlib only): the CLI checks it before importing the rendering stack.
+pathlib and the equally light `repository`): the CLI checks it before importing the rendering stack.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from pathlib import Path
 
 from kernelboard import __version__
 
+from .repository import repository_url
+
 _SOURCE = Path(__file__).resolve().parent.parent
 #: The site generator's inputs that live in the source checkout (render.py names the same folders).
 SOURCE_INPUTS = (_SOURCE / "templates", _SOURCE / "static", _SOURCE / "docs" / "methodology.md",
-                 Path(__file__).resolve().parent)
+                 _SOURCE / "data" / "README.md", Path(__file__).resolve().parent)
 #: Packages whose version changes the bytes of the built site.
 _PACKAGES = ("plotly", "pygments", "jinja2", "markdown-it-py", "pyarrow")
 #: The line of the marker file that carries the fingerprint.
@@ -63,9 +66,11 @@ def fingerprint(data_dir: Path, decks_dir: Path, base_url: str | None) -> str:
     url = (base_url or "").strip()
     header = [f"kernelboard {__version__}", f"base_url {url.rstrip('/') + '/' if url else ''}",
               f"SOURCE_DATE_EPOCH {os.environ.get('SOURCE_DATE_EPOCH', '')}",
+              f"repository {repository_url() or ''}",
               *(f"{p} {_version(p)}" for p in _PACKAGES)]
     digest.update("\n".join(header).encode())
     roots = [("results", data_dir / "results", None), ("annotations", data_dir / "annotations", None),
+             ("readme", data_dir / "README.md", None),
              ("submissions", data_dir / "submissions", "run.yaml"), ("decks", decks_dir, None),
              *((f"source:{p.name}", p, None) for p in SOURCE_INPUTS)]
     for group, root, skip in roots:

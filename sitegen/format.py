@@ -12,6 +12,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from markupsafe import Markup, escape
+
 MISSING = "—"
 
 
@@ -74,6 +76,12 @@ def orblank(value: Any) -> Any:
     return MISSING if value is None or value == "" else value
 
 
+def breakable(text: str) -> Markup:
+    """A long identifier (a run id, a kernel name) escaped, with a line-break opportunity (<wbr>) after each
+    '_', '/' and ',': it wraps at its parts on a phone instead of widening the page or breaking mid-word."""
+    return Markup(re.sub(r"([_/,])", r"\1<wbr>", str(escape(text))))
+
+
 def model_slug(model: str) -> str:
     """A model key as one URL path part: lower-case letters, digits, '.', '_' and '-'.
 
@@ -97,5 +105,6 @@ FILTERS: dict[str, Callable[..., str]] = {
     "duration": duration,
     "usd": usd,
     "orblank": orblank,
+    "breakable": breakable,
     "model_slug": model_slug,
 }

@@ -256,6 +256,8 @@ class SiteData:
     annotations: dict[str, Annotation] = dataclasses.field(default_factory=dict)
     #: run_id -> the other files of its submission folder, by name (only runs with a solution.py)
     sidecars: dict[str, tuple[SidecarFile, ...]] = dataclasses.field(default_factory=dict)
+    #: DATA/README.md, the tables' contract in words (the site's data page), when the data folder has one
+    readme: str | None = None
 
     @property
     def last_updated(self) -> datetime | None:
@@ -314,7 +316,20 @@ def load_site(data_dir: Path, decks_dir: Path) -> SiteData:
                         for p in sorted(results_dir.glob("*/*.parquet")) if p.stem in TABLES},
                      **_log_files(results_dir, results)},
         annotations={k: v for k, v in load_annotations(data_dir / "annotations").items() if k in runs},
+        readme=_read_readme(data_dir / "README.md"),
     )
+
+
+def _read_readme(path: Path) -> str | None:
+    """DATA/README.md as text, or None when there is none; a README that is not UTF-8 is a data error."""
+    if path.is_symlink():  # never followed, like a submission's files
+        raise DataError([f"{path}: a symbolic link; the data README must be a plain file"])
+    if not path.is_file():
+        return None
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError([f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})"]) from None
 
 
 def _log_files(results_dir: Path, results: tuple[Result, ...]) -> dict[str, Path]:

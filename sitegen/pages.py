@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from . import views, views_efficiency, views_meta, views_models
+from . import views, views_efficiency, views_meta, views_models, views_runs
+from .fastest import FastestLines
 from .load import SiteData
 
 
@@ -32,6 +33,8 @@ PAGES: dict[str, PageKind] = {
     "run": PageKind("run.html", "runs/{gpu}/{run_id}/index.html"),
     "methodology": PageKind("methodology.html", "methodology/index.html"),
     "downloads": PageKind("downloads.html", "downloads/index.html"),
+    "data": PageKind("data.html", "data/index.html"),
+    "runs": PageKind("runs.html", "runs/index.html"),
     "efficiency": PageKind("efficiency.html", "efficiency/index.html"),
     "gpu": PageKind("gpu.html", "gpu/{gpu}/index.html"),
     "models": PageKind("models.html", "models/index.html"),
@@ -83,15 +86,18 @@ def plan(data: SiteData) -> list[Page]:
     pages = [Page("home", page_path("home"), partial(views.home, data))]
     pages.append(Page("methodology", page_path("methodology"), partial(views_meta.methodology, data)))
     pages.append(Page("downloads", page_path("downloads"), partial(views_meta.downloads, data)))
+    pages.append(Page("data", page_path("data"), partial(views_meta.data_page, data)))
     for bench, problem in sorted(data.problems):
         pages.append(Page("problem", page_path("problem", bench=bench, problem=problem),
                           partial(views.problem, data, bench, problem)))
+    lines = FastestLines(data.baselines)  # each shape's fastest baseline, shared by every run page
     for result in data.results:
         pages.append(Page("run", page_path("run", gpu=result.gpu, run_id=result.run_id),
-                          partial(views.run, data, result)))
+                          partial(views.run, data, result, lines)))
     if data.results:  # score against spend per board; with nothing graded the site is the home page alone
         pages.append(Page("efficiency", page_path("efficiency"), partial(views_efficiency.efficiency, data)))
-    if data.runs:  # one leaderboard page per GPU, the models index, one page per model
+    if data.runs:  # every run (filterable), one leaderboard page per GPU, the models index, one page per model
+        pages.append(Page("runs", page_path("runs"), partial(views_runs.runs_index, data)))
         models = views_models.ModelPages(data)
         pages += [Page("gpu", page_path("gpu", gpu=gpu), partial(models.gpu, gpu)) for gpu in models.gpus]
         pages.append(Page("models", page_path("models"), models.index))

@@ -42,6 +42,7 @@ from .output import (
     write_files,
 )
 from .pages import Page, link, page_path, plan
+from .repository import repository_url
 from .views_meta import (
     CSP,
     SITE_DESCRIPTION,
@@ -157,6 +158,7 @@ def _site(data: SiteData, base_url: str | None) -> dict[str, Any]:
     """What every page's base template reads."""
     return {"version": __version__, "last_updated": _last_updated(data), "csp": CSP,
             "description": SITE_DESCRIPTION, "base_url": base_url, "provenance": provenance(data),
+            "repo_url": repository_url(),  # the footer's link to the source repository, or None (repository.py)
             # nav links to the pages `plan` builds only when there is something to show
             "has_models": bool(data.runs), "has_efficiency": bool(data.results)}
 

@@ -41,9 +41,11 @@ from .board import (
     reason_for,
     status_label,
 )
+from .fastest import FastestLines, ShapeLines, summary
 from .format import model_slug, num, pct, speedup
 from .highlight import highlight_file, highlight_python
 from .load import CPU_KEY, Hardware, Problem, Result, SiteData
+from .run_notes import run_times, stale_claim
 
 #: A heading's explicit anchor in Markdown prose: "## Imported boards {#imported}" gets id="imported".
 _ANCHOR = re.compile(r"\s*\{#([a-z][a-z0-9-]*)\}\s*$")
@@ -235,10 +237,11 @@ class BaselineRow:
     shape_idx: int
     label: str
     cells: tuple[Any, ...]  # one Baseline (or None) per variant
+    lines: ShapeLines | None = None  # the shape's fastest line, and its fastest compile mode
 
 
-def _baseline_rows(data: SiteData, bench: str, name: str,
-                   gpu: str) -> tuple[tuple[str, ...], list[BaselineRow]]:
+def _baseline_rows(data: SiteData, bench: str, name: str, gpu: str,
+                   lines: tuple[ShapeLines, ...] = ()) -> tuple[tuple[str, ...], list[BaselineRow]]:
     """Baseline variants measured for a problem on a GPU, and one row per shape of their timings."""
     rows = [b for b in data.baselines if (b.bench, b.problem, b.gpu) == (bench, name, gpu)]
     variants = tuple(sorted({b.variant for b in rows}))
@@ -247,7 +250,8 @@ def _baseline_rows(data: SiteData, bench: str, name: str,
     for b in rows:
         by_shape.setdefault(b.shape_idx, {})[b.variant] = b
         labels[b.shape_idx] = b.shape_label
-    return variants, [BaselineRow(i, labels[i], tuple(by_shape[i].get(v) for v in variants))
+    fastest = {s.shape_idx: s for s in lines}
+    return variants, [BaselineRow(i, labels[i], tuple(by_shape[i].get(v) for v in variants), fastest.get(i))
                       for i in sorted(by_shape)]
 
 
@@ -279,6 +283,7 @@ def problem(data: SiteData, bench: str, name: str) -> dict[str, Any]:
     readme = prob.folder / "README.md"
     gpus = []
     metrics = metrics_by_board(data)
+    lines = FastestLines(data.baselines)
     for gpu, every in problem_entries(data, bench, name, metrics).items():
         label = gpu_label(data, gpu)
         hardware = data.hardware.get(gpu)
@@ -295,7 +300,11 @@ def problem(data: SiteData, bench: str, name: str) -> dict[str, Any]:
         # CPU timings have no datasheet peak to be a fraction of: no roofline chart for them.
         roof = [e for e in passes if e.result.peak_fraction is not None and gpu != CPU_KEY]
         roof.sort(key=lambda e: -e.result.peak_fraction)  # type: ignore[operator]
-        variants, baseline_rows = _baseline_rows(data, bench, name, gpu)
+        shape_lines = lines.problem(bench, name, gpu)
+        variants, baseline_rows = _baseline_rows(data, bench, name, gpu, shape_lines)
+        vs_fastest = {e.run.run_id: lines.of(bench, name, e.result) for e in entries}
+        beaten = [s for s in shape_lines if s.compile_beaten]
+        marked = [e for e in fast if (v := vs_fastest[e.run.run_id]) is not None and v.marked]
         gpus.append({
             "gpu": gpu,
             "label": label,
@@ -305,7 +314,13 @@ def problem(data: SiteData, bench: str, name: str) -> dict[str, Any]:
             "passes": passes,
             "fast": fast,
             "roof": roof,
-            "rows": [{"entry": b.entry, "runs": b.runs, "slug": model_slug(b.entry.run.model)} for b in best],
+            "rows": [{"entry": b.entry, "runs": b.runs, "slug": model_slug(b.entry.run.model),
+                      "vs_fastest": vs_fastest[b.entry.run.run_id]} for b in best],
+            # where eager or a library line beats torch.compile: on which shapes, by which line, and the
+            # fastest pass's two figures as the example the page gives
+            "fastest": {"n_shapes": len(shape_lines), "beaten": len(beaten), "who": summary(beaten),
+                        "example": marked[0] if marked else None,
+                        "example_vs": vs_fastest[marked[0].run.run_id] if marked else None},
             "off_board": [e for e in every if e.result.off_board],
             "n_runs": len(every),
             "peak_text": peak_text(prob, hardware),
@@ -388,8 +403,11 @@ def _sidecars(data: SiteData, run_id: str) -> tuple[Sidecar, ...]:
                  for f in data.sidecars.get(run_id, ()))
 
 
-def run(data: SiteData, result: Result) -> dict[str, Any]:
+def run(data: SiteData, result: Result, lines: FastestLines | None = None) -> dict[str, Any]:
+    """A run page. `lines`: the build's `FastestLines` (made here when not given)."""
     the_run = data.runs[result.run_id]
+    lines = FastestLines(data.baselines) if lines is None else lines
+    vs_fastest = lines.of(the_run.bench, the_run.problem, result)
     prob = data.problems[(the_run.bench, the_run.problem)]
     source = data.solutions.get(result.run_id)
     # An imported run is shown the way its grader ranks it, by its fraction of the roofline.
@@ -409,9 +427,13 @@ def run(data: SiteData, result: Result) -> dict[str, Any]:
         "arithmetic": _arithmetic([s.speedup_vs_compile for s in result.shapes]) if result.is_pass else None,
         "roofline_arithmetic": _arithmetic([s.peak_fraction for s in result.shapes], percent=True)
         if result.is_pass and result.peak_fraction is not None else None,
+        "vs_fastest": vs_fastest,
+        "times": run_times(the_run, result),
+        "fastest_arithmetic": _arithmetic(list(vs_fastest.terms)) if vs_fastest is not None else None,
         "shape_params": {s.shape_idx: _params(s.shape_json) for s in result.shapes},
         "peak_text": peak_text(prob, data.hardware.get(result.gpu)),
         "source_html": highlight_python(source) if source is not None else None,
+        "stale_claim": stale_claim(source, result),
         "sidecars": _sidecars(data, result.run_id),
         "measured": MeasuredBy.of_results([result], metric),
         "no_speedup": no_speedup_reason(result),

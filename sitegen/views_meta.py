@@ -8,7 +8,8 @@ verdicts that differ from the original grader's from `agreement`. Nothing here i
 nothing imports torch.
 
 The downloads page lists every table as Parquet (copied as graded) plus the CSV and JSON that
-`table_exports` writes into the site from the same Parquet files.
+`table_exports` writes into the site from the same Parquet files. The data page renders the data
+folder's README.md, the tables' contract in words, which every page's footer links to.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ from .views import _markdown
 _SOURCE = Path(__file__).resolve().parent.parent
 #: The methodology page's prose (Markdown); the settings tables are added from code.
 METHODOLOGY_MD = _SOURCE / "docs" / "methodology.md"
+#: The data contract as the source checkout describes it: the data page's text when the data folder built
+#: has no README.md of its own (every data folder follows this contract; its other sections describe
+#: the committed data).
+DATA_README = _SOURCE / "data" / "README.md"
 
 #: Every page's Content-Security-Policy (a <meta http-equiv> in base.html): scripts and everything else
 #: from the site only; inline styles are allowed because plotly.js injects its own <style> and sizes
@@ -347,6 +352,20 @@ def export_names(data: SiteData) -> list[str]:
     """The files `table_exports` makes, without making them."""
     return [f"{rel.removesuffix('.parquet')}.{ext}" for rel in sorted(data.table_files)
             if rel.endswith(".parquet") for ext in ("csv", "json")]
+
+
+def data_page(data: SiteData) -> dict[str, Any]:
+    """The data page: DATA/README.md rendered, else the source checkout's (and it says so), else nothing."""
+    own = data.readme is not None
+    text = data.readme if own else (DATA_README.read_text(encoding="utf-8") if DATA_README.is_file() else None)
+    return {
+        "title": "data/README.md",
+        "description": "What the tables behind the leaderboards hold: every column, its unit and the rules "
+                       "the loader enforces (data/README.md).",
+        "readme_html": _markdown(text) if text is not None else None,
+        "own_readme": own,
+        "charts": False,
+    }
 
 
 def downloads(data: SiteData, exports: dict[str, bytes] | None = None) -> dict[str, Any]:

@@ -85,22 +85,28 @@ def test_gpu_tabs_switch_and_degrade_to_sections(browser: Browser, site_url: str
 
 def test_crawl_every_page_without_a_broken_link_or_console_error(browser: Browser, site_url: str,
                                                                 built_site: Path) -> None:
-    """Every page of the built site, loaded in Chromium: no console error, no failed or 4xx request,
-    and every same-site link it holds leads to a file of the site."""
+    """Every page of the built site, loaded in Chromium on a 390 px phone: no console error, no failed or
+    4xx request, every same-site link it holds leads to a file of the site, and no page is wider than the
+    phone, with its folded parts (kernel lists) opened."""
     pages = sorted(p.relative_to(built_site).as_posix() for p in built_site.rglob("index.html"))
-    page = browser.new_page()
+    context = browser.new_context(viewport={"width": 390, "height": 844})
+    page = context.new_page()
     problems = watch(page)
     targets: set[str] = set()
+    wide: dict[str, int] = {}
     for rel in pages:
         page.goto(site_url + rel.removesuffix("index.html"))
         page.wait_for_load_state("load")
         for href in page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)"):
             if href.startswith(site_url):
                 targets.add(href.split("#")[0][len(site_url):])
+        page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")
+        if (width := page.evaluate("document.documentElement.scrollWidth")) > 391:
+            wide[rel] = width
     missing = [t for t in sorted(targets)
                if not (built_site / t).is_file() and not (built_site / t / "index.html").is_file()]
-    assert len(pages) > 5 and missing == [] and problems == [], (missing, problems)
-    page.close()
+    assert len(pages) > 5 and missing == [] and problems == [] and wide == {}, (missing, problems, wide)
+    context.close()
 
 
 @pytest.mark.parametrize(("name", "width", "height"), [("desktop", 1366, 900), ("phone", 390, 844)])

@@ -36,6 +36,8 @@ EXPECTED_PAGES = {
     "efficiency/index.html",
     "methodology/index.html",
     "downloads/index.html",
+    "data/index.html",
+    "runs/index.html",
 }
 
 
@@ -129,7 +131,8 @@ def test_refuses_to_replace_a_folder_that_is_not_a_site(site_inputs: SiteInputs,
 def test_no_results_yet_builds_the_home_page(tmp_path: Path, site_inputs: SiteInputs) -> None:
     (tmp_path / "data" / "results").mkdir(parents=True)
     report = build_site(tmp_path / "data", site_inputs.decks_dir, tmp_path / "dist")
-    assert report.pages == 3  # home, methodology and downloads (the site nav links to all three)
+    assert report.pages == 4  # home, methodology, downloads (the site nav links to all three) and the data page
+    assert (tmp_path / "dist" / "data" / "index.html").is_file()  # every page's footer links to it
     assert "No graded results yet" in (tmp_path / "dist" / "index.html").read_text()
 
 

@@ -140,7 +140,7 @@ def test_every_page_has_the_csp_nav_and_og_tags(built_site: Path) -> None:
         og = {m.get("property"): m.get("content") for m in metas if m.get("property")}
         assert {"og:title", "og:description", "og:type"} <= set(og) and "og:url" not in og, rel
         nav = [_text(a) for a in _tree(built_site / rel).findall(".//nav[@class='site-nav']//a")]
-        assert nav == ["Home", "Models", "Efficiency", "Methodology", "Downloads"], rel
+        assert nav == ["Home", "Models", "Runs", "Efficiency", "Methodology", "Downloads"], rel
 
 
 def test_pages_describe_themselves_for_link_previews(built_site: Path) -> None:

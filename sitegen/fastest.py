@@ -1,0 +1,173 @@
+"""The fastest PyTorch line per shape, and a pass's speedup over it: the figure beside the headline.
+
+The headline speedup divides by `torch.compile` (its faster mode per shape). On some problems eager
+PyTorch or the problem's library line (`torch.topk`, FLA's `chunk_kda`, tinygemm) is faster than the
+compiler, and then a speedup over compile overstates the gain over what PyTorch already offers. So the
+pages also show the speedup over the **fastest PyTorch line**: per shape, the smallest median among the
+lines measured for that shape on that GPU — every `ok` row of the baselines table (eager, each compile
+mode, each library line) and the eager and compile times the run itself was compared with
+(shapes.parquet; for an imported run, its source's per-shape times) — divided by the solution's median,
+then the geomean over the run's shapes. It is never above the speedup over compile, and equals it where
+compile is the fastest line on every shape. A shape without a solution time or without any line time
+gives no figure at all (None): nothing is guessed. Pure arithmetic over loaded records, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kernelboard.eval.roofline import geomean
+
+from .load import Baseline, Result, ShapeResult
+
+__all__ = ["FastestLines", "Line", "ShapeLines", "VsFastest"]
+
+
+#: At equal times the line earlier here is named fastest: a tie with compile never marks a shape.
+_KIND_ORDER = {"compile": 0, "eager": 1, "library": 2}
+
+
+@dataclass(frozen=True)
+class Line:
+    """One baseline line's median time on one shape: 'eager', 'compile:<mode>' ('compile' when the run
+    names no single mode), or 'library:<name>'."""
+
+    variant: str
+    ms: float
+
+    @property
+    def kind(self) -> str:
+        """'eager', 'compile' or 'library' (older rows spell a mode 'compile(<mode>)'), else the variant."""
+        return next((k for k in _KIND_ORDER if self.variant.startswith(k)), self.variant)
+
+    @property
+    def detail(self) -> str:
+        """The mode or library: 'max-autotune', 'torch.topk'; '' for eager or an unnamed compile mode."""
+        return self.variant[len(self.kind):].strip(":()")
+
+    @property
+    def name(self) -> str:
+        """As the pages print it: 'eager', 'torch.compile (max-autotune)', 'torch.topk'."""
+        if self.kind == "compile":
+            return f"torch.compile ({self.detail})" if self.detail else "torch.compile"
+        return self.detail if self.kind == "library" and self.detail else self.variant
+
+
+@dataclass(frozen=True)
+class ShapeLines:
+    """The lines measured for one shape on one GPU: the fastest of all, and the fastest compile mode."""
+
+    shape_idx: int
+    shape_label: str
+    fastest: Line
+    compile: Line | None
+
+    @property
+    def compile_beaten(self) -> bool:
+        """Compile was measured, and eager or a library line is faster (strictly)."""
+        return self.compile is not None and self.fastest.kind != "compile"
+
+
+def _shape_lines(shape_idx: int, label: str, lines: Iterable[Line]) -> ShapeLines | None:
+    lines = [line for line in lines if line.ms > 0]
+    if not lines:
+        return None
+    ranked = sorted(lines, key=lambda line: (line.ms, _KIND_ORDER.get(line.kind, 3), line.variant))
+    compiled = [line for line in ranked if line.kind == "compile"]
+    return ShapeLines(shape_idx, label, ranked[0], compiled[0] if compiled else None)
+
+
+def summary(lines: Iterable[ShapeLines]) -> str:
+    """Which line is fastest on how many shapes, most first: 'eager on 3 shapes, torch.topk on 2'."""
+    counts = sorted(Counter(s.fastest.name for s in lines).items(), key=lambda kv: (-kv[1], kv[0]))
+    parts = [f"{name} on {n}" for name, n in counts]
+    if parts:
+        parts[0] += " shape" if counts[0][1] == 1 else " shapes"
+    return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class VsFastest:
+    """A pass's speedup over the fastest PyTorch line: per shape (its lines, the speedup) and the geomean."""
+
+    value: float
+    shapes: tuple[tuple[ShapeLines, float], ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.shapes)
+
+    @property
+    def beaten(self) -> int:
+        """Shapes on which compile is not the fastest line."""
+        return sum(1 for lines, _ in self.shapes if lines.compile_beaten)
+
+    @property
+    def marked(self) -> bool:
+        """Compile is not the strongest baseline on some shape of this run: the pages say so."""
+        return self.beaten > 0
+
+    @property
+    def who(self) -> str:
+        """Which lines are fastest, over this run's shapes ('eager on 3 shapes, torch.topk on 2')."""
+        return summary(lines for lines, _ in self.shapes)
+
+    @property
+    def by_shape(self) -> dict[int, tuple[ShapeLines, float]]:
+        return {lines.shape_idx: (lines, value) for lines, value in self.shapes}
+
+    @property
+    def terms(self) -> tuple[float, ...]:
+        return tuple(value for _, value in self.shapes)
+
+    @property
+    def note(self) -> str:
+        """One line for a tooltip: what the figure is and why it is shown."""
+        return (f"torch.compile is not the fastest PyTorch line on {self.beaten} of {self.n} "
+                f"shape{'s' if self.n != 1 else ''} ({self.who}); over the fastest line per shape this "
+                f"run is {self.value:.2f}× (geomean)")
+
+
+class FastestLines:
+    """The baselines table indexed by (bench, problem, GPU, shape): each shape's fastest line, and each
+    pass's speedup over it. Built once per page kind from `SiteData.baselines`, passed to whoever needs it."""
+
+    def __init__(self, baselines: Iterable[Baseline]) -> None:
+        self._lines: dict[tuple[str, str, str, int], list[Line]] = defaultdict(list)
+        self._labels: dict[tuple[str, str, str, int], str] = {}
+        for b in baselines:
+            if b.status == "ok" and b.median_ms is not None and b.median_ms > 0:
+                key = (b.bench, b.problem, b.gpu, b.shape_idx)
+                self._lines[key].append(Line(b.variant, b.median_ms))
+                self._labels[key] = b.shape_label
+
+    def problem(self, bench: str, problem: str, gpu: str) -> tuple[ShapeLines, ...]:
+        """Every shape of a problem on a GPU that has a baseline row, by shape index (the problem page)."""
+        keys = sorted(k for k in self._lines if k[:3] == (bench, problem, gpu))
+        found = (_shape_lines(k[3], self._labels[k], self._lines[k]) for k in keys)
+        return tuple(s for s in found if s is not None)
+
+    def _own_lines(self, result: Result, shape: ShapeResult) -> list[Line]:
+        """The eager and compile times the run was compared with on this shape."""
+        mode = result.compile_variant or ""
+        compile_variant = mode if mode.startswith("compile") and "," not in mode else "compile"
+        own = [("eager", shape.eager_ms), (compile_variant, shape.compile_ms)]
+        return [Line(v, ms) for v, ms in own if ms is not None and ms > 0]
+
+    def of(self, bench: str, problem: str, result: Result) -> VsFastest | None:
+        """A pass's speedup over the fastest line, or None when it is not a pass or some shape lacks a
+        solution time or every line time."""
+        if not result.is_pass or not result.shapes:
+            return None
+        rows = []
+        for s in result.shapes:
+            if s.median_ms is None or s.median_ms <= 0:
+                return None
+            key = (bench, problem, result.gpu, s.shape_idx)
+            lines = _shape_lines(s.shape_idx, s.shape_label, [*self._lines.get(key, ()), *self._own_lines(result, s)])
+            if lines is None:
+                return None
+            rows.append((lines, lines.fastest.ms / s.median_ms))
+        return VsFastest(geomean([v for _, v in rows]), tuple(rows))

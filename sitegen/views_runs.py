@@ -1,0 +1,91 @@
+"""The runs index: every run of the data once, newest first, with what each GPU's grading made of it.
+
+One row per run (a run graded on several GPUs — a published kernel regraded on the H200 — is still one
+row, with a line per GPU). Every row carries its model, problem and per-GPU statuses as data attributes,
+which `static/filter.js` reads to filter the table in the browser; without JavaScript the page is the
+whole list, in order. Statuses are the results' (`STATUS_LABELS`), except that a run an audit flagged is
+'flag' (shown as "flag: <verdict>"), as on the boards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .board import STATUS_LABELS, STATUS_TONES, flag_of, gpu_label, gpu_order, status_label
+from .format import model_slug, pct, speedup
+from .load import Result, Run, SiteData
+
+#: The filter value and label of a run an audit invalidated (it is listed under it, not under its status).
+FLAG = ("flag", "flagged by an audit")
+
+
+@dataclass(frozen=True)
+class Grade:
+    """One graded (run, GPU) as the index shows it: a link to its run page, its status and headline."""
+
+    gpu: str
+    gpu_label: str
+    status: str  # a results status, or 'flag'
+    label: str  # as the boards name it ('pass', 'needs sm_100a', 'flag: reward_hack')
+    tone: str
+    headline: str | None  # a pass's number: '2.28×', or '30.3% of roofline' where only that is known
+    imported: bool
+
+
+@dataclass(frozen=True)
+class RunLine:
+    run: Run
+    slug: str
+    grades: tuple[Grade, ...]  # in gpu_order; empty when the run has no result yet
+
+    @property
+    def filter_key(self) -> str:
+        """'gpu:status' per grade, space-separated: what filter.js matches a GPU and a status against."""
+        return " ".join(f"{g.gpu}:{g.status}" for g in self.grades)
+
+
+def _headline(result: Result) -> str | None:
+    if not result.is_pass:
+        return None
+    if result.speedup_vs_compile is not None:
+        return speedup(result.speedup_vs_compile)
+    return f"{pct(result.peak_fraction)} of roofline" if result.peak_fraction is not None else None
+
+
+def _grade(data: SiteData, result: Result) -> Grade:
+    flag = flag_of(data.annotations.get(result.run_id))
+    return Grade(result.gpu, gpu_label(data, result.gpu), FLAG[0] if flag else result.status,
+                 flag or status_label(result), "bad" if flag else STATUS_TONES[result.status],
+                 None if flag else _headline(result), result.is_imported)
+
+
+def runs_index(data: SiteData) -> dict[str, Any]:
+    by_run: dict[str, dict[str, Result]] = {}
+    for result in data.results:
+        by_run.setdefault(result.run_id, {})[result.gpu] = result
+    lines = []
+    for run_id in sorted(data.runs, reverse=True):  # run ids start with their start time: newest first
+        run = data.runs[run_id]
+        graded = by_run.get(run_id, {})
+        lines.append(RunLine(run, model_slug(run.model),
+                             tuple(_grade(data, graded[g]) for g in gpu_order(graded))))
+    models = sorted({(r.model, r.model_display) for r in data.runs.values()}, key=lambda m: (m[1].lower(), m[0]))
+    shared = {name for name in (d for _, d in models) if sum(1 for _, d in models if d == name) > 1}
+    models = [(key, f"{name} ({key})" if name in shared else name) for key, name in models]
+    problems = sorted({(r.bench, r.problem) for r in data.runs.values()})
+    statuses = {g.status for line in lines for g in line.grades}
+    return {
+        "title": "Runs",
+        "description": f"Every one of the {len(lines)} agent runs, on every GPU it was graded on, with its "
+                       "status and headline; filter by model, GPU, problem and status.",
+        "lines": lines,
+        "n_graded": sum(1 for line in lines if line.grades),
+        "models": models,
+        "gpus": [(g, gpu_label(data, g)) for g in gpu_order(r.gpu for r in data.results)],
+        "problems": [(f"{b}/{p}", data.problems[(b, p)].display_name, b) for b, p in problems],
+        "problem_names": {f"{b}/{p}": data.problems[(b, p)].display_name for b, p in problems},
+        "statuses": [(s, STATUS_LABELS[s]) for s in STATUS_LABELS if s in statuses]
+                    + ([FLAG] if FLAG[0] in statuses else []),
+        "charts": False,
+    }
