@@ -183,12 +183,14 @@ def _proof_sets(plan: ShapePlan, reference: types.ModuleType, ref_model: torch.n
     """PROOF_ROUNDS batches of input sets, each used once (timing.floor_ms), with references: as
     many per batch as PROOF_REF_BUDGET_S of reference time and PROOF_MAX_BYTES of inputs allow,
     between PROOF_MIN_SETS and PROOF_MAX_SETS (small, fast shapes get many, GB-sized ones few).
-    Past two rounds, none once the references took PROOF_REF_BUDGET_S in all: slow calls end the
-    judge's floor after two batches (PROOF_FLOOR_BUDGET_MS), so later rounds would go unused."""
+    Past two rounds, none once the references took PROOF_REF_BUDGET_S in all (slow calls end the
+    judge's floor after two batches, PROOF_FLOOR_BUDGET_MS, so later rounds would go unused) or once
+    the sets hold PROOF_MAX_BYTES: every set is copied to the runner and onto its device, and 06's
+    headline draws 2.1 GB a set: five rounds of two would be 21 GB (its shape copied 57 GB on the H200)."""
     budget_s = PROOF_REF_BUDGET_S / PROOF_ROUNDS
-    first = time.perf_counter()
+    first, held = time.perf_counter(), 0
     for r in range(PROOF_ROUNDS):
-        if r >= 2 and time.perf_counter() - first > PROOF_REF_BUDGET_S:
+        if r >= 2 and (time.perf_counter() - first > PROOF_REF_BUDGET_S or held >= PROOF_MAX_BYTES):
             break
         sets, refs, seeds, started, size = [], [], [], time.perf_counter(), 0
         while len(sets) < PROOF_MIN_SETS or (
@@ -202,6 +204,7 @@ def _proof_sets(plan: ShapePlan, reference: types.ModuleType, ref_model: torch.n
             size += _nbytes(inputs)
             if device == "cuda":
                 torch.cuda.synchronize()  # the budget is the references' time, not their launches'
+        held += size
         plan.proof_sets.append(sets)
         plan.proof_refs.append(refs)
         plan.proof_seeds.append(seeds)

@@ -214,10 +214,13 @@ class _Runner:
         apply_shape(self.reference, self.problem, self.shapes[request["shape"]])
         if self.problem.weight_transfer == "seed":
             torch.manual_seed(request["seed"])
+        started = time.perf_counter()
         model = build_model(self.solution, resolve(values["init_args"], base), self.device,
                             self.problem.solution_class)
+        built = time.perf_counter()
         if self.problem.weight_transfer == "state_dict":
             model.load_state_dict(resolve(values["state_dict"], base), strict=True)
+        loaded = time.perf_counter()
 
         def shared(v: Any) -> Any:
             return _Shared(view_of(base, v), v.stride) if isinstance(v, TensorRef) else v
@@ -227,6 +230,11 @@ class _Runner:
         proof = [[[_place(shared(v), self.device)[0] for v in inputs] for inputs in batch] for batch in values["proof"]]
         probes = [_Probe(spec, self.device) for spec in request["probes"]]
         proof_probes = [[_Probe(spec, self.device) for spec in batch] for batch in request["proof_probes"]]
+        self._sync()
+        # Where a shape's set-up time goes (06's headline took minutes here on the H200).
+        print(f"[runner] shape {request['shape']}: its Model built in {built - started:.1f} s, state loaded in "
+              f"{loaded - built:.1f} s, {len(timing)} timing and {sum(map(len, proof))} floor-batch input sets "
+              f"placed in {time.perf_counter() - loaded:.1f} s", flush=True)
         self.loaded[request["shape"]] = _Shape(model, checks, timing, probes, proof, proof_probes)
         return {}, []
 

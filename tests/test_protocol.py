@@ -296,3 +296,26 @@ def test_the_plan_holds_one_copy_of_each_check_input(monkeypatch: pytest.MonkeyP
     ref = arena.encoded["checks"][0][0]
     arena.view(ref).view(torch.bfloat16).zero_()  # the runner scribbles over its copy
     assert plan.checks[0].pristine[0].abs().sum() > 0  # the judge's record is untouched
+
+
+@pytest.mark.parametrize(("max_bytes", "rounds"), [(1, 2), (1 << 40, 5)])
+def test_floor_batches_past_two_stop_once_their_inputs_hold_the_byte_budget(
+        monkeypatch: pytest.MonkeyPatch, max_bytes: int, rounds: int) -> None:
+    """Every floor-batch input set is copied to the runner and onto its device: past two batches,
+    a shape whose sets already hold PROOF_MAX_BYTES gets no more (06's headline: 2.1 GB a set)."""
+    import sys
+    from pathlib import Path
+
+    from kernelboard.eval import plan as plan_module
+    from kernelboard.eval.deck import load_problem
+
+    monkeypatch.setitem(sys.modules, "reference", None)
+    monkeypatch.setattr(plan_module, "PROOF_MAX_BYTES", max_bytes)
+    monkeypatch.setattr(plan_module, "PROOF_REF_BUDGET_S", 1e9)  # only the bytes stop the rounds
+    monkeypatch.setattr(plan_module, "PROOF_MAX_SETS", 2)
+    problem = load_problem(Path(__file__).resolve().parents[1] / "eval" / "decks" / "hard" / "06_sonic_moe_swiglu")
+    reference = plan_module.import_file("reference", problem.reference_path)
+    plan = plan_module.make_plan(problem, reference, problem.shapes_for("cpu")[:1], [42], (1, 2), "cpu",
+                                 proof_seed=5)[0]
+    assert len(plan.proof_sets) == rounds
+    assert all(len(batch) == 2 for batch in plan.proof_sets)
