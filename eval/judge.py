@@ -64,10 +64,13 @@ from .settings import (
     LAUNCH_BOUND_MS,
     PROOF_DISPATCH_MS,
     PROOF_FLOOR_BUDGET_MS,
+    PROOF_MAX_RETRY_REPEAT,
+    PROOF_RETRIES,
+    PROOF_RETRY_STRETCH,
     TIMING_POOL_SETS,
     proof_shape,
 )
-from .timing import TimeStats, batch_problem, floor_ms, summarize, time_cpu, time_cuda
+from .timing import TimeStats, batch_problem, floor_ms, retry_passes, summarize, time_cpu, time_cuda
 
 _STARTED = time.monotonic()
 
@@ -254,29 +257,48 @@ def _floor(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, device: 
     the request, its probed elements checked like the timed calls', and the runner's own samples of
     the batch held against this clock (timing.batch_problem). The runner's samples run unbroken
     over the batch, probes and its loop included, so the check allows only the round trip; the
-    floor, a bound on the calls alone, also takes off the judge's own measure of the probes."""
+    floor, a bound on the calls alone, also takes off the judge's own measure of the probes.
+
+    Where no batch passes the check, up to PROOF_RETRIES longer batches follow before a refusal:
+    each repeats a batch's sets until, by the runner's own claim, the calls outlast the worst
+    round trip seen so far PROOF_RETRY_STRETCH times over (at most PROOF_MAX_RETRY_REPEAT passes).
+    A round trip stretched by a loaded host then weighs little; a lying clock shrinks the longer
+    batch as much as the short ones."""
     where = f"shape {plan.shape.idx}"
-    batches, floors = [], []
+    batches: list[tuple[float, int, float]] = []
+    floors: list[tuple[float, int]] = []
     probe_ms = 2.0 * _probe_ms(plan.proof_refs[0], device)
-    for b, (refs, seeds) in enumerate(zip(plan.proof_refs, plan.proof_seeds, strict=True)):
-        if b >= 2 and sum(w for w, _, _ in batches) > PROOF_FLOOR_BUDGET_MS:
-            break  # slow calls: two batches already hold enough of the judge's clock
-        used, repeat = proof_shape(claimed_ms, len(refs))
-        refs, seeds = refs[:used], seeds[:used]
+
+    def run(b: int, used: int, repeat: int, what: str) -> None:
+        refs, seeds = plan.proof_refs[b][:used], plan.proof_seeds[b][:used]
         targets = _Targets(problem, refs, seeds)
         t0 = time.perf_counter()
-        reply = link.ask("proof", f"{where}: floor batch {b}", shape=k, batch=b, calls=used, repeat=repeat)
+        reply = link.ask("proof", f"{where}: {what}", shape=k, batch=b, calls=used, repeat=repeat)
         wall_ms = (time.perf_counter() - t0) * 1e3
-        targets.check(reply.probes(len(refs)), list(range(len(refs))), f"{where}: floor batch {b}, call")
+        targets.check(reply.probes(len(refs)), list(range(len(refs))), f"{where}: {what}, call")
         calls = len(refs) * repeat
         claimed = reply.samples("samples_ms", at_least=calls)
         if len(claimed) != calls:
             raise reply._bad(f"'samples_ms' has {len(claimed)} samples for {calls} calls")
         batches.append((wall_ms, calls, sum(claimed)))
         floors.append((wall_ms - probe_ms * len(refs), calls))
+
+    for b, refs in enumerate(plan.proof_refs):
+        if b >= 2 and sum(w for w, _, _ in batches) > PROOF_FLOOR_BUDGET_MS:
+            break  # slow calls: two batches already hold enough of the judge's clock
+        used, repeat = proof_shape(claimed_ms, len(refs))
+        run(b, used, repeat, f"floor batch {b}")
+    forged = batch_problem(batches)
+    for retry in range(PROOF_RETRIES if forged else 0):
+        b = retry % len(plan.proof_refs)
+        used, _ = proof_shape(claimed_ms, len(plan.proof_refs[b]))
+        repeat = retry_passes(batches, used, PROOF_RETRY_STRETCH, PROOF_MAX_RETRY_REPEAT)
+        run(b, used, repeat, f"longer floor batch {retry} (the round trip outweighed the calls)")
+        forged = batch_problem(batches)
+        if not forged:
+            break
     log("worker", f"{where}: floor batches (judge ms, calls, runner's summed ms): "
                   + ", ".join(f"({w:.2f}, {n}, {c:.2f})" for w, n, c in batches))
-    forged = batch_problem(batches)
     if forged:
         raise Failure("integrity_violation", f"{where}: {forged}")
     return floor_ms(floors, PROOF_DISPATCH_MS[device])

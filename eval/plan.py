@@ -168,7 +168,7 @@ def make_plan(problem: Problem, reference: types.ModuleType, shapes: tuple[Shape
             plan.timing_refs.append(ref_model(*inputs))
             plan.timing_seeds.append(seed + 7919 * shape.idx)
         if proof_seed is not None:
-            _proof_sets(plan, reference, ref_model, proof_seed + 7919 * shape.idx, device)
+            _proof_sets(plan, reference, ref_model, proof_seed + 7919 * shape.idx, device, problem.draw_on_device)
         plans.append(plan)
         del ref_model
     return plans
@@ -179,7 +179,7 @@ def _nbytes(inputs: list[Any]) -> int:
 
 
 def _proof_sets(plan: ShapePlan, reference: types.ModuleType, ref_model: torch.nn.Module, seed: int,
-                device: str) -> None:
+                device: str, on_device: bool = False) -> None:
     """PROOF_ROUNDS batches of input sets, each used once (timing.floor_ms), with references: as
     many per batch as PROOF_REF_BUDGET_S of reference time and PROOF_MAX_BYTES of inputs allow,
     between PROOF_MIN_SETS and PROOF_MAX_SETS (small, fast shapes get many, GB-sized ones few).
@@ -195,7 +195,7 @@ def _proof_sets(plan: ShapePlan, reference: types.ModuleType, ref_model: torch.n
                 len(sets) < PROOF_MAX_SETS and time.perf_counter() - started < budget_s
                 and (size + size // len(sets)) * PROOF_ROUNDS <= PROOF_MAX_BYTES):
             s = seed + 104729 * (r + 1) + len(sets)
-            inputs = draw_inputs(reference, s, device)
+            inputs = draw_inputs(reference, s, device, on_device)
             sets.append(inputs)
             refs.append(ref_model(*inputs))
             seeds.append(s)

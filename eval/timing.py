@@ -96,6 +96,7 @@ cores of their own made it worse (slower and as spread: reverted). Within one gr
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -198,6 +199,16 @@ def batch_problem(batches: Sequence[tuple[float, int, float]]) -> str | None:
                 f"{wall:.4f} ms around them (less {PROOF_ROUNDTRIP_MS:g} ms for the round trip; claims below "
                 f"{PROOF_CLAIM_FACTOR:g}× that are refused)")
     return None
+
+
+def retry_passes(batches: Sequence[tuple[float, int, float]], calls: int, stretch: float, max_passes: int) -> int:
+    """Passes over `calls` input sets for a longer floor batch after no batch passed the two-clock
+    check: enough that, at the runner's own claimed pace, the calls outlast the worst round trip
+    seen so far (the judge's wall less the claim) `stretch` times; 1 to `max_passes`."""
+    wall, n, claimed = max(batches, key=lambda x: x[0] - x[2])
+    per_call = max(claimed / max(n, 1), 1e-6)
+    want_ms = stretch * max(wall - claimed, PROOF_ROUNDTRIP_MS)
+    return max(1, min(max_passes, math.ceil(want_ms / (per_call * calls))))
 
 
 def _iterations(per_call_ms: float, rep_ms: float, min_iters: int, max_iters: int) -> int:

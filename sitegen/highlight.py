@@ -1,5 +1,8 @@
 """Kernel source highlighted with Pygments, cached by content hash (in memory for a build, on disk
-between builds): Pygments is most of a cold site build, and a graded solution never changes."""
+between builds): Pygments is most of a cold site build, and a graded solution never changes.
+
+There is no module-wide cache: a build makes one `HighlightCache` and the page plan hands it to every
+run page (`pages.plan`), so what a page highlights through is an argument of that page."""
 
 from __future__ import annotations
 
@@ -110,26 +113,6 @@ class HighlightCache:
                 for entry in sub.iterdir():
                     if entry.name.split(".", 1)[0] not in self.used and entry.stat().st_mtime < cutoff:
                         entry.unlink(missing_ok=True)
-
-
-#: The cache `run()` highlights through; `render.build_site` installs one per build (see `highlight_cache`).
-_HIGHLIGHT = HighlightCache()
-
-
-def highlight_cache(cache: HighlightCache) -> HighlightCache:
-    """Install `cache` for the pages built next; returns the one it replaces."""
-    global _HIGHLIGHT
-    previous, _HIGHLIGHT = _HIGHLIGHT, cache
-    return previous
-
-
-def highlight_python(source: str) -> Markup:
-    return _HIGHLIGHT.html(source)
-
-
-def highlight_file(filename: str, source: str) -> Markup:
-    """A submission's sidecar file (a .cu, .cpp, .h …) highlighted by its name's language."""
-    return _HIGHLIGHT.html(source, filename)
 
 
 def _lexer_for(filename: str) -> Lexer:

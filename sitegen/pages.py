@@ -14,7 +14,9 @@ from functools import partial
 from typing import Any
 
 from . import views, views_efficiency, views_meta, views_models, views_runs
+from .exports import Exports
 from .fastest import FastestLines
+from .highlight import HighlightCache
 from .load import SiteData
 
 
@@ -80,12 +82,23 @@ class Page:
         return root_for(self.path)
 
 
-def plan(data: SiteData) -> list[Page]:
+#: The page kind that lists the build's exports (their sizes): the build renders it right after its
+#: export step, in the same process, so the exports are made once (`render._write_site`).
+LISTS_EXPORTS = "downloads"
+
+
+def plan(data: SiteData, *, highlight: HighlightCache | None = None, exports: Exports | None = None) -> list[Page]:
     """Every page of the site, in output-path order. What several pages share (the boards of
-    `ModelPages`) is built here, once, before any page renders."""
+    `ModelPages`) is built here, once, before any page renders; so is what a page renders through,
+    handed to it here rather than kept in a module: `highlight`, the cache every run page highlights
+    its source through, and `exports`, the build's CSV and JSON exports, whose sizes the downloads page
+    lists (each a fresh one, for this plan alone, when not given). Rendering a page has no effect but
+    its output and what it adds to these two objects."""
+    highlight = HighlightCache() if highlight is None else highlight
+    exports = Exports(data.table_files) if exports is None else exports
     pages = [Page("home", page_path("home"), partial(views.home, data))]
     pages.append(Page("methodology", page_path("methodology"), partial(views_meta.methodology, data)))
-    pages.append(Page("downloads", page_path("downloads"), partial(views_meta.downloads, data)))
+    pages.append(Page(LISTS_EXPORTS, page_path(LISTS_EXPORTS), partial(views_meta.downloads, data, exports)))
     pages.append(Page("data", page_path("data"), partial(views_meta.data_page, data)))
     for bench, problem in sorted(data.problems):
         pages.append(Page("problem", page_path("problem", bench=bench, problem=problem),
@@ -93,7 +106,7 @@ def plan(data: SiteData) -> list[Page]:
     lines = FastestLines(data.baselines)  # each shape's fastest baseline, shared by every run page
     for result in data.results:
         pages.append(Page("run", page_path("run", gpu=result.gpu, run_id=result.run_id),
-                          partial(views.run, data, result, lines)))
+                          partial(views.run, data, result, lines, highlight)))
     if data.results:  # score against spend per board; with nothing graded the site is the home page alone
         pages.append(Page("efficiency", page_path("efficiency"), partial(views_efficiency.efficiency, data)))
     if data.runs:  # every run (filterable), one leaderboard page per GPU, the models index, one page per model

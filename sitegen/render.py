@@ -25,8 +25,9 @@ from kernelboard import __version__
 from kernelboard.errors import KernelboardError
 
 from . import fingerprint as fp
+from .exports import Exports
 from .format import FILTERS
-from .highlight import HighlightCache, highlight_cache, pygments_css
+from .highlight import HighlightCache, pygments_css
 from .load import SiteData, load_site
 from .output import (
     PARALLEL_MIN_PAGES,
@@ -41,18 +42,16 @@ from .output import (
     sweep,
     write_files,
 )
-from .pages import Page, link, page_path, plan
+from .pages import LISTS_EXPORTS, Page, link, page_path, plan
 from .repository import repository_url
 from .views_meta import (
     CSP,
     SITE_DESCRIPTION,
-    export_names,
     normalize_base_url,
     page_url,
     provenance,
     robots,
     sitemap,
-    table_exports,
 )
 
 _SOURCE = Path(__file__).resolve().parent.parent
@@ -172,10 +171,14 @@ def _render(env: Environment, page: Page, site: dict[str, Any], base_url: str | 
 def render_all(data: SiteData, env: Environment | None = None, base_url: str | None = None) -> dict[str, bytes]:
     """Every page rendered in memory, in one process: output path -> bytes. `base_url` (absolute, ending
     in '/') gives pages their og:url; without it pages carry no absolute address. `build_site` renders
-    the same bytes, spread over worker processes that write as they go."""
+    the same bytes, spread over worker processes that write as they go. Sources are highlighted through
+    a cache of this call's own (in memory), and the exports the downloads page lists are made for this
+    call alone and not returned."""
     env = env or make_env()
     site = _site(data, base_url)
-    return {page.path: _render(env, page, site, base_url) for page in plan(data)}
+    pages = plan(data, highlight=HighlightCache(), exports=Exports(data.table_files))
+    return {page.path: _render(env, page, site, base_url) for page in pages}
+
 
 def _check_out_dir(out_dir: Path) -> None:
     """Refuse to replace anything but a previous build (or nothing, or an empty folder)."""
@@ -226,33 +229,33 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
     sweep(out_dir)
     folder = default_cache_dir() if cache_dir is True else (Path(cache_dir) if cache_dir else None)
     cache = HighlightCache(folder / "highlight" if folder is not None else None)
-    previous = highlight_cache(cache)
+    exports = Exports(data.table_files)
+    pages = plan(data, highlight=cache, exports=exports)
+    large = len(pages) >= PARALLEL_MIN_PAGES
+    if jobs is None:
+        jobs = default_jobs() if large else 1
+    adopted = adopt_spare(out_dir, MARKER) if large else None
+    new, spare = adopted if adopted is not None else (new_folder(out_dir), None)
     try:
-        pages = plan(data)
-        large = len(pages) >= PARALLEL_MIN_PAGES
-        if jobs is None:
-            jobs = default_jobs() if large else 1
-        adopted = adopt_spare(out_dir, MARKER) if large else None
-        new, spare = adopted if adopted is not None else (new_folder(out_dir), None)
-        try:
-            with Workers(jobs) as workers:
-                n_files = _write_site(data, pages, base_url, fingerprint, new, workers, cache, spare)
-                swap_in(new, out_dir, workers, keep_spare=large)
-        except BaseException:
-            discard(new, out_dir, MARKER, keep_spare=large)
-            raise
-    finally:
-        highlight_cache(previous)
+        with Workers(jobs) as workers:
+            n_files = _write_site(data, pages, exports, base_url, fingerprint, new, workers, cache, spare)
+            swap_in(new, out_dir, workers, keep_spare=large)
+    except BaseException:
+        discard(new, out_dir, MARKER, keep_spare=large)
+        raise
     cache.prune()
     return BuildReport(out_dir, len(pages), n_files, time.perf_counter() - started)
 
 
-def _write_site(data: SiteData, pages: list[Page], base_url: str | None, fingerprint: str, new: Path,
-                workers: Workers, cache: HighlightCache, spare: Spare | None = None) -> int:
+def _write_site(data: SiteData, pages: list[Page], exports: Exports, base_url: str | None, fingerprint: str,
+                new: Path, workers: Workers, cache: HighlightCache, spare: Spare | None = None) -> int:
     """Render every page into `new` (spread over `workers`), then the rest of the site; returns the
     number of files. Each run's solution, as the grader read it, lies beside its page (the run page's
-    "raw solution.py" link) and is written by the worker that renders the page. `spare`: what `new`
-    already holds (a previous site, see `output.adopt_spare`); what the new site lacks is removed first."""
+    "raw solution.py" link) and is written by the worker that renders the page. The export step (the
+    CSV and JSON of `exports`, the slowest meta files to make) runs in a worker too, in parallel with
+    the other pages, and right before the page that lists their sizes, so they are made once.
+    `cache`: the highlight cache the planned pages render through. `spare`: what `new` already holds
+    (a previous site, see `output.adopt_spare`); what the new site lacks is removed first."""
     env = make_env()
     site = _site(data, base_url)
     raw = {page_path("run", gpu=r.gpu, run_id=r.run_id): r.run_id for r in data.results if r.run_id in data.solutions}
@@ -264,18 +267,18 @@ def _write_site(data: SiteData, pages: list[Page], base_url: str | None, fingerp
     rest = {**_assets(fingerprint), **tables, **meta}
     if spare is not None:
         solutions = (path.removesuffix("index.html") + "solution.py" for path in raw)
-        spare = clear_stale(new, spare, [*(p.path for p in pages), *solutions, *rest, *export_names(data)])
+        spare = clear_stale(new, spare, [*(p.path for p in pages), *solutions, *rest, *exports.names])
 
     def write_page(i: int) -> tuple[int, frozenset[str], int, int]:
         page = pages[i]
         cache.used.clear()
         hits, misses = cache.hits, cache.misses
-        files = [(page.path, _render(env, page, site, base_url))]
+        # the export step, in the process that renders the page listing the exports (which reads them)
+        files = sorted(exports.files().items()) if page.kind == LISTS_EXPORTS else []
+        files.append((page.path, _render(env, page, site, base_url)))
         if page.path in raw:
             files.append((page.path.removesuffix("index.html") + "solution.py",
                           data.solutions[raw[page.path]].encode()))
-        if page.kind == "downloads":  # its worker makes the CSV and JSON exports it lists (cached: made once)
-            files += sorted(table_exports(data).items())
         write_files(new, files, made, spare)
         return len(files), frozenset(cache.used), cache.hits - hits, cache.misses - misses
 

@@ -7,25 +7,21 @@ decks, the measured peaks from the hardware table, the ranking rule from `board`
 verdicts that differ from the original grader's from `agreement`. Nothing here is copied by hand, and
 nothing imports torch.
 
-The downloads page lists every table as Parquet (copied as graded) plus the CSV and JSON that
-`table_exports` writes into the site from the same Parquet files. The data page renders the data
+The downloads page lists every table as Parquet (copied as graded) plus the CSV and JSON that the
+build's export step (`exports.Exports`) writes into the site from the same Parquet files; it reads
+their sizes from the build's `Exports`, which the page plan hands it. The data page renders the data
 folder's README.md, the tables' contract in words, which every page's footer links to.
 """
 
 from __future__ import annotations
 
-import io
-import json
-import math
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 from xml.sax.saxutils import escape
 
-import pyarrow as pa
-import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from kernelboard.errors import KernelboardError
@@ -35,6 +31,7 @@ from kernelboard.eval.hardware import GPUS, PRECISIONS
 
 from .agreement import agreement
 from .board import ORDERING_RULE, STATUS_HELP, STATUS_LABELS, STATUS_TONES, gpu_label, gpu_order
+from .exports import Exports
 from .load import CPU_KEY, SiteData
 from .views import _markdown
 
@@ -271,89 +268,6 @@ class DownloadTable:
     files: tuple[DownloadFile, ...]
 
 
-def _plain(value: Any) -> Any:
-    """A cell as JSON: datetimes in ISO 8601, NaN/inf as null, lists and dicts cell by cell."""
-    if isinstance(value, datetime | date):
-        return value.isoformat()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
-def _csv_ready(table: pa.Table) -> pa.Table:
-    """CSV has no lists or structs: such columns are written as JSON text."""
-    columns = []
-    for column in table.columns:
-        if pa.types.is_nested(column.type):
-            text = [None if v is None else json.dumps(_plain(v), sort_keys=True) for v in column.to_pylist()]
-            column = pa.chunked_array([pa.array(text, pa.string())])
-        columns.append(column)
-    return pa.table(columns, names=table.column_names)
-
-
-def _exports_of(rel: str, path: Path) -> dict[str, bytes]:
-    table = pq.read_table(path)
-    stem = rel.removesuffix(".parquet")
-    buffer = io.BytesIO()
-    pacsv.write_csv(_csv_ready(table), buffer)
-    return {f"{stem}.csv": buffer.getvalue(), f"{stem}.json": _records_json(table).encode()}
-
-
-def _json_column(column: pa.ChunkedArray) -> list[Any]:
-    """One column's cells as JSON values (see `_plain`), converted by the column's type rather than
-    cell by cell: a hundred thousand rows would otherwise take seconds of isinstance checks."""
-    values = column.to_pylist()
-    kind = column.type
-    if pa.types.is_timestamp(kind) or pa.types.is_date(kind):
-        return [None if v is None else v.isoformat() for v in values]
-    if pa.types.is_floating(kind):
-        return [v if v is None or math.isfinite(v) else None for v in values]
-    if pa.types.is_nested(kind):
-        return [_plain(v) for v in values]
-    return values
-
-
-def _records_json(table: pa.Table) -> str:
-    """The table as a JSON array of row objects (columns in table order), one row per line: readable,
-    diffable, and written by json's C encoder (which an `indent` would turn off)."""
-    names = table.column_names
-    columns = [_json_column(c) for c in table.columns]
-    dump = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
-    rows = [dump(dict(zip(names, cells, strict=True))) for cells in zip(*columns, strict=True)]
-    return "[\n" + ",\n".join(rows) + "\n]\n" if rows else "[]\n"
-
-
-#: The last `table_exports` result, keyed by each table's (name, path, size, mtime, inode): the downloads
-#: page and `build_site` both need the exports of one build, and they are the slowest meta file to make.
-_EXPORTS: tuple[tuple, dict[str, bytes]] | None = None
-
-
-def table_exports(data: SiteData) -> dict[str, bytes]:
-    """CSV and JSON beside every Parquet table the site publishes: 'data/results/h200/runs.csv' -> bytes."""
-    global _EXPORTS
-    parquet = sorted((rel, path) for rel, path in data.table_files.items() if rel.endswith(".parquet"))
-    stats = [path.stat() for _, path in parquet]
-    key = tuple((rel, str(path), st.st_size, st.st_mtime_ns, st.st_ino)
-                for (rel, path), st in zip(parquet, stats, strict=True))
-    if _EXPORTS is not None and _EXPORTS[0] == key:
-        return dict(_EXPORTS[1])
-    out: dict[str, bytes] = {}
-    for rel, path in parquet:
-        out.update(_exports_of(rel, path))
-    _EXPORTS = (key, out)
-    return dict(out)
-
-
-def export_names(data: SiteData) -> list[str]:
-    """The files `table_exports` makes, without making them."""
-    return [f"{rel.removesuffix('.parquet')}.{ext}" for rel in sorted(data.table_files)
-            if rel.endswith(".parquet") for ext in ("csv", "json")]
-
-
 def data_page(data: SiteData) -> dict[str, Any]:
     """The data page: DATA/README.md rendered, else the source checkout's (and it says so), else nothing."""
     own = data.readme is not None
@@ -368,8 +282,10 @@ def data_page(data: SiteData) -> dict[str, Any]:
     }
 
 
-def downloads(data: SiteData, exports: dict[str, bytes] | None = None) -> dict[str, Any]:
-    exports = table_exports(data) if exports is None else exports
+def downloads(data: SiteData, exports: Exports) -> dict[str, Any]:
+    """The downloads page: every table as Parquet, CSV and JSON with row counts and sizes; the sizes of
+    the CSV and JSON are those of `exports` (made here if the build has not made them yet)."""
+    made = exports.files()
     tables = []
     for rel, path in sorted(data.table_files.items()):
         if not rel.endswith(".parquet"):
@@ -378,8 +294,8 @@ def downloads(data: SiteData, exports: dict[str, bytes] | None = None) -> dict[s
         gpu, table = rel.split("/")[-2], Path(rel).stem
         stem = rel.removesuffix(".parquet")
         files = [DownloadFile("Parquet", rel, path.stat().st_size)]
-        files += [DownloadFile(fmt, f"{stem}.{ext}", len(exports[f"{stem}.{ext}"]))
-                  for fmt, ext in (("CSV", "csv"), ("JSON", "json")) if f"{stem}.{ext}" in exports]
+        files += [DownloadFile(fmt, f"{stem}.{ext}", len(made[f"{stem}.{ext}"]))
+                  for fmt, ext in (("CSV", "csv"), ("JSON", "json")) if f"{stem}.{ext}" in made]
         label = gpu_label(data, gpu) if gpu == CPU_KEY or gpu in data.hardware else gpu
         tables.append(DownloadTable(gpu, label,
                                     table, meta.num_rows, meta.num_columns, tuple(files)))

@@ -86,6 +86,20 @@ def test_a_claim_below_the_judges_clock_is_refused() -> None:
     assert floor == pytest.approx(1.0)
 
 
+def test_a_round_trip_longer_than_the_calls_gets_a_longer_batch_not_a_refusal() -> None:
+    # Seen on the 2-core CPU at load 76: an honest reference's 5 calls claimed 1.2 ms in a 7.5 ms request.
+    short = [(7.537, 5, 1.2028)]
+    assert "judge's clock" in timing.batch_problem(short)
+    passes = timing.retry_passes(short, 5, 10.0, 2000)
+    assert passes == 53  # 10 × the 6.3 ms round trip, at the claimed 0.24 ms a call
+    calls_ms = 1.2028 * passes
+    honest = (calls_ms + 6.3, 5 * passes, calls_ms)  # the same round trip around a longer batch
+    assert timing.batch_problem([*short, honest]) is None
+    lying = (calls_ms + 6.3, 5 * passes, calls_ms / 2)  # a halved clock shrinks the long batch too
+    assert "judge's clock" in timing.batch_problem([*short, lying])
+    assert timing.retry_passes([(50.0, 10, 0.0)], 10, 10.0, 2000) == 2000  # a claim of ~0 ms: capped
+
+
 def test_an_aliased_sdpa_is_seen_by_the_function_mode() -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
