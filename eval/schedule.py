@@ -40,6 +40,7 @@ from .cutlass_headers import find_cutlass
 from .deck import Problem, load_deck
 from .hardware import GPUS, GpuSpec, gpu_key
 from .jail import Jail, make_jail
+from .job import Job
 from .reproducible import classify
 from .sandbox import Prebuild, driver_version, finish_prebuild, gpu_lock, probe_device, run_worker, start_prebuild
 from .schema import CPU_KEY, DNF_OUTCOMES, PRECISIONS, TIME_STATS, peak_column
@@ -133,9 +134,9 @@ def ensure_baselines(opts: EvalOptions, gpu: str, problem: Problem, env: dict[st
     workdir = scratch / f"baselines-{problem.name}"
     workdir.mkdir()
     checkpoint = scratch / f"baselines-{problem.name}.checkpoint.json"
-    job = {"kind": "baseline", "problem_path": str(problem.folder.resolve()), "device": opts.device,
-           "base_seed": 2026, "variants": list(variants), "todo": todo, "checkpoint_path": str(checkpoint),
-           "rep_ms": opts.rep_ms}
+    job = Job(kind="baseline", problem_path=problem.folder.resolve(), device=opts.device, base_seed=2026,
+              variants=tuple(variants), todo={k: tuple(v) for k, v in todo.items()}, checkpoint_path=checkpoint,
+              rep_ms=opts.rep_ms)
     log = opts.out / gpu / "logs" / f"baselines-{problem.bench}-{problem.name}.log"
     header = (f"=== {_now():%Y-%m-%d %H:%M:%S} UTC, kernelboard {GRADER_VERSION} on {env['device_name']}: "
               f"measuring {sum(map(len, todo.values()))} baseline rows ===")
@@ -224,9 +225,8 @@ def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem:
     else:
         workdir = scratch / sub.run_id
         shutil.copytree(sub.folder, workdir, ignore=shutil.ignore_patterns("run.yaml", "__pycache__"))
-        job = {"kind": "grade", "problem_path": str(problem.folder.resolve()), "device": opts.device,
-               "solution_dir": str(workdir), "base_seed": secrets.randbits(31), "rep_ms": opts.rep_ms,
-               "jail": (cell or jail_for(opts)).to_job()}
+        job = Job(kind="grade", problem_path=problem.folder.resolve(), device=opts.device, solution_dir=workdir,
+                  base_seed=secrets.randbits(31), rep_ms=opts.rep_ms, jail=cell or jail_for(opts))
         log = opts.out / gpu / "logs" / f"{sub.run_id}.log"
         res = run_worker(job, workdir, log, opts.timeout_s, sub.solution_sha256() or sub.run_id,
                          opts.phase_timeouts, env.get("capability"), on_phase)
