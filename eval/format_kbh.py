@@ -11,16 +11,9 @@ from typing import Any
 
 from kernelboard.errors import DeckError
 
-from .deck import (  # the types, and its parsers shared with these formats
-    Problem,
-    Shape,
-    StressCase,
-    _check_formulas,
-    _Fields,
-    _numeric_stress,
-    _shapes,
-)
+from .format_native import Fields, read_numeric_stress, read_shapes
 from .format_source import SEEDS, assignments, bound_names, parse, peak_key, read_yaml, regime, strings
+from .problem import Problem, Shape, StressCase, check_formulas
 
 #: kernelboard keys a KernelBench-Hard problem.yaml may add.
 KB_HARD_OVERLAY_KEYS = ("cpu_shapes", "numeric_stress", "shape_globals")
@@ -37,7 +30,7 @@ def load_kb_hard_problem(folder: Path) -> Problem:
     if not yaml_path.is_file():
         raise DeckError(f"{folder}: no problem.yaml (a KernelBench-Hard folder has one beside shapes.py)")
     data = read_yaml(yaml_path)
-    f = _Fields(data, str(yaml_path))
+    f = Fields(data, str(yaml_path))
     refused = [k for k in KB_HARD_REFUSED_KEYS if k in data]
     if refused:
         raise DeckError(f"{yaml_path}: key '{refused[0]}' is kernelboard's and means nothing in a KernelBench-Hard "
@@ -62,7 +55,7 @@ def load_kb_hard_problem(folder: Path) -> Problem:
     shapes = tuple(Shape(i, label, params) for i, (label, params) in enumerate(listed))
     tolerance = _kb_hard_tolerances(data.get("tolerance"), f"{yaml_path}: tolerance")
     stress = tuple(StressCase(c.name, c.scale, _torch_prefix_wins({**tolerance, **c.tolerance}))
-                   for c in _numeric_stress(f.get("numeric_stress", list, []), f"{yaml_path}: numeric_stress"))
+                   for c in read_numeric_stress(f.get("numeric_stress", list, []), f"{yaml_path}: numeric_stress"))
     problem = Problem(
         bench=_kb_hard_bench(folder.parent.name),
         name=name,
@@ -75,7 +68,8 @@ def load_kb_hard_problem(folder: Path) -> Problem:
         bytes_formula=f.get("bytes_formula", str, None),
         shape_globals=globals_,
         shapes=shapes,
-        cpu_shapes=_shapes(data["cpu_shapes"], f"{yaml_path}: cpu_shapes", globals_) if "cpu_shapes" in data else (),
+        cpu_shapes=(read_shapes(data["cpu_shapes"], f"{yaml_path}: cpu_shapes", globals_)
+                    if "cpu_shapes" in data else ()),
         seeds=SEEDS,
         tolerance=_torch_prefix_wins(tolerance),
         numeric_stress=stress,
@@ -83,7 +77,7 @@ def load_kb_hard_problem(folder: Path) -> Problem:
         structural_stress=None,
         raw=data,
     )
-    _check_formulas(problem, yaml_path)
+    check_formulas(problem, yaml_path)
     return problem
 
 
@@ -159,7 +153,7 @@ def _kb_hard_tolerances(data: Any, where: str) -> dict[str, tuple[float, float]]
     if data is None:
         return {}
     out = {}
-    for dtype, spec in _Fields(data, where).data.items():
+    for dtype, spec in Fields(data, where).data.items():
         if isinstance(spec, dict):
             unknown = set(spec) - {"atol", "rtol"}
             if unknown:

@@ -9,16 +9,7 @@ from pathlib import Path
 
 from kernelboard.errors import DeckError
 
-from .deck import (  # the types, and its parsers shared with these formats
-    Problem,
-    Shape,
-    _check_formulas,
-    _Fields,
-    _numeric_stress,
-    _shapes,
-    _tolerances,
-    evaluate_formula,
-)
+from .format_native import Fields, read_numeric_stress, read_shapes, read_tolerances
 from .format_source import (
     SEEDS,
     assigned_by,
@@ -30,6 +21,7 @@ from .format_source import (
     seed_list,
     strings,
 )
+from .problem import Problem, Shape, check_formulas, evaluate_formula
 
 #: Keys a ScalingIntelligence KernelBench `<stem>.yaml` may hold, in kernelboard's format.
 SI_KB_OVERLAY_KEYS = ("display_name", "regime", "precision", "peak_tflops_key", "flops_formula",
@@ -53,7 +45,7 @@ def load_si_kb_problem(path: Path) -> Problem:
                         f"(a level file defines {', '.join(_SI_KB_NAMES)})")
     overlay = path.with_suffix(".yaml")
     data = read_yaml(overlay) if overlay.is_file() else {}
-    f = _Fields({} if data is None else data, str(overlay))
+    f = Fields({} if data is None else data, str(overlay))
     unknown = sorted(set(f.data) - set(SI_KB_OVERLAY_KEYS))
     if unknown:
         raise DeckError(f"{overlay}: unknown keys {unknown}; a KernelBench overlay may hold "
@@ -64,7 +56,7 @@ def load_si_kb_problem(path: Path) -> Problem:
         if name not in assigned:
             raise DeckError(f"{overlay}: shape_globals.{key}: {path.name} assigns no top-level {name!r}")
     if "shapes" in f.data:
-        shapes = _shapes(f.data["shapes"], f"{overlay}: shapes", globals_)
+        shapes = read_shapes(f.data["shapes"], f"{overlay}: shapes", globals_)
     else:
         params = {}
         for key, name in globals_.items():
@@ -86,17 +78,18 @@ def load_si_kb_problem(path: Path) -> Problem:
         bytes_formula=f.get("bytes_formula", str, None),
         shape_globals=globals_,
         shapes=shapes,
-        cpu_shapes=_shapes(f.data["cpu_shapes"], f"{overlay}: cpu_shapes", globals_) if "cpu_shapes" in f.data else (),
+        cpu_shapes=(read_shapes(f.data["cpu_shapes"], f"{overlay}: cpu_shapes", globals_)
+                    if "cpu_shapes" in f.data else ()),
         seeds=tuple(seed_list(f, "seeds")) if "seeds" in f.data else SEEDS,
-        tolerance=_tolerances(f.get("tolerance", dict, {}), f"{overlay}: tolerance"),
-        numeric_stress=_numeric_stress(f.get("numeric_stress", list, []), f"{overlay}: numeric_stress"),
+        tolerance=read_tolerances(f.get("tolerance", dict, {}), f"{overlay}: tolerance"),
+        numeric_stress=read_numeric_stress(f.get("numeric_stress", list, []), f"{overlay}: numeric_stress"),
         forbidden=strings(f, "forbidden"),
         structural_stress=None,
         solution_class="ModelNew",
         weight_transfer="seed",
         raw=dict(f.data),
     )
-    _check_formulas(problem, overlay if overlay.is_file() else path)
+    check_formulas(problem, overlay if overlay.is_file() else path)
     return problem
 
 

@@ -11,9 +11,7 @@ import yaml
 
 from kernelboard.errors import DeckError
 
-from .deck import (  # the types, and its parsers shared with these formats
-    _Fields,
-)
+from .format_native import Fields
 from .hardware import PRECISIONS
 from .schema import REGIMES
 
@@ -75,21 +73,21 @@ def assignments(tree: ast.Module) -> dict[str, ast.expr | None]:
     return {name: value for node in tree.body for name, value in assigned_by(node)}
 
 
-def regime(f: _Fields, default: Any = ...) -> str:
+def regime(f: Fields, default: Any = ...) -> str:
     regime = f.get("regime", str, default)
     if regime not in REGIMES:
         raise DeckError(f"{f.where}: key 'regime': expected one of {', '.join(REGIMES)}, got {regime!r}")
     return regime
 
 
-def peak_key(f: _Fields, default: Any = ...) -> str:
+def peak_key(f: Fields, default: Any = ...) -> str:
     key = f.get("peak_tflops_key", str, default)
     if key not in PRECISIONS:
         raise DeckError(f"{f.where}: key 'peak_tflops_key': expected one of {', '.join(PRECISIONS)}, got {key!r}")
     return key
 
 
-def strings(f: _Fields, key: str) -> tuple[str, ...]:
+def strings(f: Fields, key: str) -> tuple[str, ...]:
     items = f.get(key, list, [])
     bad = [x for x in items if not isinstance(x, str) or not x]
     if bad:
@@ -97,7 +95,7 @@ def strings(f: _Fields, key: str) -> tuple[str, ...]:
     return tuple(items)
 
 
-def seed_list(f: _Fields, key: str) -> list[int]:
+def seed_list(f: Fields, key: str) -> list[int]:
     items = f.get(key, list)
     bad = [x for x in items if not isinstance(x, int) or isinstance(x, bool) or x < 0]
     if bad or not items:

@@ -1,10 +1,10 @@
-"""Foreign deck formats read into deck.py's `Problem`, so the grader never sees the difference (no torch).
+"""Foreign deck formats read into problem.py's `Problem`, so the grader never sees the difference (no torch).
 
 `detect_format` tells three formats apart; `load_problem_any` and `load_deck_any` (behind deck.py's
 `load_problem` and `load_deck`) load any of them. Nothing here imports a problem's code: Python
 files are read with `ast`, so a deck loads without torch and without running anything.
 
-- **kernelboard**: a folder whose `problem.yaml` has `shapes:` and `shape_globals:` (deck.py).
+- **kernelboard**: a folder whose `problem.yaml` has `shapes:` and `shape_globals:` (format_native.py).
 - **KernelBench-Hard** (`kernelbench-hard`): a folder with `reference.py`, `shapes.py` and
   `problem.yaml` (hard-deck-interface.md §A.1). `SHAPES` must be a literal list of dicts; each
   key sets the reference global `KEY.upper()` if reference.py assigns it at top level, else the
@@ -21,7 +21,7 @@ files are read with `ast`, so a deck loads without torch and without running any
   folder, e.g. `19_ReLU.py` with `class Model`, top-level size constants, `get_inputs()` and
   `get_init_inputs()`; the candidate defines `ModelNew` with the same constructor and both models
   are built right after the same `torch.manual_seed`. One shape, "default", the file's own
-  constants; deck.py's `DEFAULT_TOLERANCE` (fp32 1e-4, fp16 and bf16 1e-2); no roofline; regime
+  constants; problem.py's `DEFAULT_TOLERANCE` (fp32 1e-4, fp16 and bf16 1e-2); no roofline; regime
   `compute`, precision and peak key `fp32`; name the stem, display name the stem without its
   number, underscores as spaces; bench the deck folder's name. A sibling `<stem>.yaml` in
   kernelboard's format may add the keys in `SI_KB_OVERLAY_KEYS`: notably `cpu_shapes` (none
@@ -45,13 +45,11 @@ from pathlib import Path
 
 from kernelboard.errors import DeckError
 
-from .deck import (  # the types, and its parsers shared with these formats
-    Problem,
-    load_native_problem,
-)
 from .format_kbh import load_kb_hard_problem
+from .format_native import load_native_problem
 from .format_sikb import load_si_kb_problem
 from .format_source import read_yaml
+from .problem import Problem
 
 NATIVE, KB_HARD, SI_KB = "kernelboard", "kernelbench-hard", "kernelbench"
 FORMATS = (NATIVE, KB_HARD, SI_KB)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-PRECISIONS = ("fp8", "bf16", "fp16", "tf32", "fp32")
+from .schema import PRECISIONS, peak_column  # the contract's precisions, kept importable from here
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class GpuSpec:
         row = asdict(self)
         row.pop("key")
         peaks = row.pop("peak_tflop_s")
-        return {"gpu": self.key, **row, **{f"peak_tflop_s_{p}": peaks.get(p) for p in PRECISIONS}}
+        return {"gpu": self.key, **row, **{peak_column(p): peaks.get(p) for p in PRECISIONS}}
 
 
 _H100_FAMILY = "sm_90"

@@ -54,6 +54,7 @@ from .correctness import (
 )
 from .deck import Problem, StressCase, load_problem
 from .failure import Failure, one_line
+from .job import Job
 from .link import Received, Reply, RunnerLink
 from .phases import Phases
 from .plan import ShapePlan, build_model, import_file, install_shapes_module, make_plan
@@ -355,16 +356,14 @@ def _graph_times(link: RunnerLink, problem: Problem, plans: list[ShapePlan], sha
         row["graph_ms"] = statistics.median(samples)
 
 
-def _job_problem(job: dict[str, Any]) -> Problem:
-    return load_problem(Path(job["problem_path"]))
-
-
-def grade(job: dict[str, Any], result: dict[str, Any], phases: Phases, link: RunnerLink) -> None:
+def grade(job: Job, result: dict[str, Any], phases: Phases, link: RunnerLink) -> None:
     """Grade one submission with the runner `link` drives, filling `result` as it goes (so a
     failure keeps env and seeds)."""
-    device, base_seed = job["device"], int(job["base_seed"])
-    problem = _job_problem(job)
-    solution_dir = Path(job["solution_dir"])
+    if job.solution_dir is None:
+        raise ValueError("a grading job names no solution_dir")
+    device, base_seed = job.device, job.base_seed
+    problem = load_problem(job.problem_path)
+    solution_dir = job.solution_dir
     shapes = problem.shapes_for(device)
     seeds = [*problem.seeds, base_seed]
     env = probe_environment(device)
@@ -420,33 +419,33 @@ def _time(fn: Callable[..., Any], sets: list[list[Any]], device: str, env: dict[
     return time_cpu(fn, sets, **kwargs)
 
 
-def baselines(job: dict[str, Any], result: dict[str, Any]) -> None:
+def baselines(job: Job, result: dict[str, Any]) -> None:
     """Time the reference itself — eager, through torch.compile, and each library line the problem
     names (a function of reference.py taking the model and the inputs) — on every shape, or only the
-    (shape, variant) pairs in `job["todo"]`. After each shape the rows so far are written to
-    `job["checkpoint_path"]`, so a run cut off by its timeout keeps the shapes it finished."""
-    device = job["device"]
-    problem = _job_problem(job)
+    (shape, variant) pairs in `job.todo`. After each shape the rows so far are written to
+    `job.checkpoint_path`, so a run cut off by its timeout keeps the shapes it finished."""
+    device = job.device
+    problem = load_problem(job.problem_path)
     shapes = problem.shapes_for(device)
     env = probe_environment(device)
     result.update(env=env, phase="reference")
     reference = import_file("reference", problem.reference_path)
     install_shapes_module(shapes)
     rows: list[dict[str, Any]] = []
-    todo = job.get("todo")
+    todo = job.todo
     for shape in shapes:
-        wanted = job["variants"] if todo is None else todo.get(str(shape.idx), [])
+        wanted = job.variants if todo is None else todo.get(str(shape.idx), ())
         if not wanted:
             continue
-        plan = make_plan(problem, reference, (shape,), [int(job["base_seed"])], BASELINE_TIMING_SEEDS, device)[0]
+        plan = make_plan(problem, reference, (shape,), [job.base_seed], BASELINE_TIMING_SEEDS, device)[0]
         plan.checks.clear()  # only the timing sets are needed here
-        torch.manual_seed(int(job["base_seed"]))
+        torch.manual_seed(job.base_seed)
         model = build_model(reference, plan.init_args, device, init_on_device=problem.draw_on_device)
         for variant in wanted:
             row: dict[str, Any] = {"shape_idx": shape.idx, "variant": variant}
             try:
                 fn = _variant_fn(model, variant, problem, reference)
-                stats, _ = _time(fn, plan.timing_sets, device, env, job.get("rep_ms"))
+                stats, _ = _time(fn, plan.timing_sets, device, env, job.rep_ms)
                 wrong = None if variant == "eager" else _baseline_mismatch(problem, plan, fn)
                 if wrong is None:
                     row.update(status="ok", message="ok", **stats.row())
@@ -462,8 +461,8 @@ def baselines(job: dict[str, Any], result: dict[str, Any]) -> None:
             rows.append(row)
         del model, plan
         _release_memory(device, compiled=False)
-        if job.get("checkpoint_path"):
-            _checkpoint(Path(job["checkpoint_path"]), rows)
+        if job.checkpoint_path:
+            _checkpoint(job.checkpoint_path, rows)
     result.update(status="ok", message="ok", baselines=rows)
 
 

@@ -48,6 +48,7 @@ from .deck import Problem, load_deck
 from .hardware import gpu_key
 from .merge import has_tables, merge_results
 from .schedule import EvalOptions, _cached_baselines, _gradeable, _graded_solutions, baselines_todo, select_submissions
+from .schema import CPU_KEY
 from .submission import Submission
 from .tables import read_table
 
@@ -256,7 +257,7 @@ def run_parallel(opts: EvalOptions, devices: list[str]) -> None:
     subs = select_submissions(opts, set(deck))
     envs = _probe(opts, devices)
     # A GPU model: (table key, device name), both of which cached baselines must match.
-    key = {d: "cpu" if opts.device == "cpu" else gpu_key(envs[d]["device_name"]) for d in devices}
+    key = {d: CPU_KEY if opts.device == "cpu" else gpu_key(envs[d]["device_name"]) for d in devices}
     models: dict[tuple[str, str], list[str]] = {}
     for d in devices:
         models.setdefault((key[d], envs[d]["device_name"]), []).append(d)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .atomic import write_text_atomic
+from .job import Job
 
 #: The judge's deadlines fall this long before the parent's, so it can kill the runner and write.
 DEADLINE_MARGIN_S = 1.0
@@ -22,15 +23,22 @@ DEADLINE_MARGIN_S = 1.0
 class Phases:
     """Names the running phase to the parent and in the result; gives its deadline."""
 
-    def __init__(self, job: dict[str, Any], result: dict[str, Any]) -> None:
-        self.path, self.result = job.get("phase_path"), result
-        self.budgets: dict[str, float] = job.get("phase_timeouts_s") or {}
-        self.timeout_s: float | None = job.get("timeout_s")
-        started = job.get("started_unix")
-        self.end = None if self.timeout_s is None or started is None else \
-            time.monotonic() + started + self.timeout_s - time.time()
+    def __init__(self, result: dict[str, Any], path: Path | None = None, budgets: dict[str, float] | None = None,
+                 timeout_s: float | None = None, started_unix: float | None = None) -> None:
+        """`budgets` (phase -> s) and `timeout_s` (the whole job's, counted from `started_unix`) are the
+        parent's; with none, there is no deadline."""
+        self.path, self.result = path, result
+        self.budgets: dict[str, float] = budgets or {}
+        self.timeout_s = timeout_s
+        self.end = None if timeout_s is None or started_unix is None else \
+            time.monotonic() + started_unix + timeout_s - time.time()
         self.phase: str | None = None
         self.since = time.monotonic()
+
+    @classmethod
+    def for_job(cls, job: Job, result: dict[str, Any]) -> Phases:
+        """The phases of a worker's job, with the budgets the parent named in it."""
+        return cls(result, job.phase_path, job.phase_timeouts_s, job.timeout_s, job.started_unix)
 
     def enter(self, phase: str) -> None:
         """Start `phase` (its clock restarts only when it differs from the current one, as the
@@ -39,7 +47,7 @@ class Phases:
             self.phase, self.since = phase, time.monotonic()
         self.result["phase"] = phase
         if self.path:
-            write_text_atomic(Path(self.path), phase)
+            write_text_atomic(self.path, phase)
 
     def deadline(self) -> tuple[float | None, str]:
         """(`time.monotonic()` deadline, or None when the job names no budget; the message the

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from kernelboard.errors import KernelboardError, UsageError
 from . import jail
 from .cutlass_headers import find_cutlass
 from .jail import Jail
+from .job import Job
 from .locks import hold, lock_dir
 
 _console = Console(stderr=True, soft_wrap=True)  # lines a program may read never break mid-word
@@ -108,7 +109,7 @@ def _writing(path: Path) -> Iterator[None]:
         raise KernelboardError(f"{path}: cannot write ({exc.strerror or exc})") from None
 
 
-def run_worker(job: dict[str, Any], workdir: Path, log_path: Path, timeout_s: float, cache_key: str,
+def run_worker(job: Job, workdir: Path, log_path: Path, timeout_s: float, cache_key: str,
                phase_timeouts: Mapping[str, float] | None = None, arch: str | None = None,
                on_phase: Callable[[str], None] | None = None, log_header: str | None = None) -> WorkerOutcome:
     """Run one worker job; a crash, a hang or a missing result becomes a status, never a raise.
@@ -119,17 +120,17 @@ def run_worker(job: dict[str, Any], workdir: Path, log_path: Path, timeout_s: fl
     result_path = workdir.parent / f"{workdir.name}.result.json"
     phase_path = workdir.parent / f"{workdir.name}.phase"
     limits = dict(phase_timeouts or {})
-    job = {**job, "result_path": str(result_path), "phase_path": str(phase_path), "phase_timeouts_s": limits,
-           "timeout_s": timeout_s, "started_unix": time.time(), "caches": [str(cache_dir(cache_key))]}
+    job = replace(job, result_path=result_path, phase_path=phase_path, phase_timeouts_s=limits,
+                  timeout_s=timeout_s, started_unix=time.time(), caches=(str(cache_dir(cache_key)),))
     job_path = workdir.parent / f"{workdir.name}.job.json"
     with _writing(job_path):
-        job_path.write_text(json.dumps(job, sort_keys=True))
+        job_path.write_text(job.to_json())
     with _writing(log_path):
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(log_path, "a" if log_header else "w")  # noqa: SIM115 (closed by the with below)
         if log_header:
             log.write(f"{log_header}\n")
-        if job.get("kind") == "grade":
+        if job.kind == "grade":
             log.write(f"{cutlass_line()}\n")
         log.flush()
     start = time.perf_counter()
@@ -138,7 +139,7 @@ def run_worker(job: dict[str, Any], workdir: Path, log_path: Path, timeout_s: fl
         proc = subprocess.Popen(
             [sys.executable, "-m", "kernelboard.eval.worker", str(job_path)],
             cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=worker_env(cache_key, arch, interpret=job.get("device") == "cpu"), start_new_session=True,
+            env=worker_env(cache_key, arch, interpret=job.device == "cpu"), start_new_session=True,
         )
         try:
             while True:

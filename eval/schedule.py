@@ -40,9 +40,10 @@ from .cutlass_headers import find_cutlass
 from .deck import Problem, load_deck
 from .hardware import GPUS, GpuSpec, gpu_key
 from .jail import Jail, make_jail
+from .job import Job
 from .reproducible import classify
 from .sandbox import Prebuild, driver_version, finish_prebuild, gpu_lock, probe_device, run_worker, start_prebuild
-from .schema import DNF_OUTCOMES
+from .schema import CPU_KEY, DNF_OUTCOMES, PRECISIONS, TIME_STATS, peak_column
 from .scoring import best_compile, result_row, shape_rows
 from .settings import BASELINE_VARIANTS, GRADER_VERSION, baseline_reusable
 from .submission import Submission, discover
@@ -133,9 +134,9 @@ def ensure_baselines(opts: EvalOptions, gpu: str, problem: Problem, env: dict[st
     workdir = scratch / f"baselines-{problem.name}"
     workdir.mkdir()
     checkpoint = scratch / f"baselines-{problem.name}.checkpoint.json"
-    job = {"kind": "baseline", "problem_path": str(problem.folder.resolve()), "device": opts.device,
-           "base_seed": 2026, "variants": list(variants), "todo": todo, "checkpoint_path": str(checkpoint),
-           "rep_ms": opts.rep_ms}
+    job = Job(kind="baseline", problem_path=problem.folder.resolve(), device=opts.device, base_seed=2026,
+              variants=tuple(variants), todo={k: tuple(v) for k, v in todo.items()}, checkpoint_path=checkpoint,
+              rep_ms=opts.rep_ms)
     log = opts.out / gpu / "logs" / f"baselines-{problem.bench}-{problem.name}.log"
     header = (f"=== {_now():%Y-%m-%d %H:%M:%S} UTC, kernelboard {GRADER_VERSION} on {env['device_name']}: "
               f"measuring {sum(map(len, todo.values()))} baseline rows ===")
@@ -150,7 +151,7 @@ def ensure_baselines(opts: EvalOptions, gpu: str, problem: Problem, env: dict[st
     rows = []
     for b in measured:
         shape = shape_by_idx[b["shape_idx"]]
-        stats = {k: b.get(k) for k in ("median_ms", "p10_ms", "p90_ms", "min_ms", "iterations")}
+        stats = {k: b.get(k) for k in TIME_STATS}
         rows.append({"bench": problem.bench, "problem": problem.name, "gpu": gpu, "shape_idx": shape.idx,
                      "shape_label": shape.label, "shape_json": shape.params_json, "variant": b["variant"],
                      "status": b["status"], "message": b["message"], **stats, "timer": _timer(opts.device),
@@ -224,9 +225,8 @@ def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem:
     else:
         workdir = scratch / sub.run_id
         shutil.copytree(sub.folder, workdir, ignore=shutil.ignore_patterns("run.yaml", "__pycache__"))
-        job = {"kind": "grade", "problem_path": str(problem.folder.resolve()), "device": opts.device,
-               "solution_dir": str(workdir), "base_seed": secrets.randbits(31), "rep_ms": opts.rep_ms,
-               "jail": (cell or jail_for(opts)).to_job()}
+        job = Job(kind="grade", problem_path=problem.folder.resolve(), device=opts.device, solution_dir=workdir,
+                  base_seed=secrets.randbits(31), rep_ms=opts.rep_ms, jail=cell or jail_for(opts))
         log = opts.out / gpu / "logs" / f"{sub.run_id}.log"
         res = run_worker(job, workdir, log, opts.timeout_s, sub.solution_sha256() or sub.run_id,
                          opts.phase_timeouts, env.get("capability"), on_phase)
@@ -272,8 +272,7 @@ def _hardware_row(out: Path, gpu: str, spec: GpuSpec | None, env: dict[str, Any]
     if spec is not None:
         return {**spec.hardware_row(), **measured}
     return {**measured, **{"gpu": gpu, "name": env["device_name"], "sm": None, "memory_gb": None, "l2_mb": None,
-            "bandwidth_gb_s": None, "peak_tflop_s_fp8": None, "peak_tflop_s_bf16": None,
-            "peak_tflop_s_fp16": None, "peak_tflop_s_tf32": None, "peak_tflop_s_fp32": None,
+            "bandwidth_gb_s": None, **{peak_column(p): None for p in PRECISIONS},
             "source": "no datasheet peaks for this device: timings only, no roofline fractions"}}
 
 
@@ -350,7 +349,7 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
     deck = load_deck(opts.deck)
     subs = select_submissions(opts, set(deck))
     env = probe_device(opts.device)
-    gpu = "cpu" if opts.device == "cpu" else gpu_key(env["device_name"])
+    gpu = CPU_KEY if opts.device == "cpu" else gpu_key(env["device_name"])
     spec = GPUS.get(gpu)
     driver = driver_version() if opts.device == "cuda" else None
     doing = "measuring the baselines for" if opts.baselines_only else "grading"

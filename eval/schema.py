@@ -3,13 +3,26 @@
 Five tables live under `data/results/<gpu>/`: runs, results, shapes, baselines, hardware.
 Every row carries `schema_version`; `data/README.md` documents each column. The rules that tie
 rows together (a pass has a score, a DNF is never a failure) live in `eval/tables.py`.
+
+This module is the one place the columns and their types are written: the grader writes through
+`TABLES`, `eval/tables.py` validates against it, and the site's typed records (`sitegen/load.py`)
+are checked against it when they are defined (`record_mismatches`), so a column cannot be added,
+renamed or retyped on one side only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
+
 import pyarrow as pa
 
 SCHEMA_VERSION = 1
+
+#: The GPU key (results folder, `gpu` column) of rows graded with `--device cpu`; it has no hardware row.
+CPU_KEY = "cpu"
+
+#: How `measured_by` ends on rows an importer read from another grader ("KernelBench-Hard (imported)").
+IMPORTED_SUFFIX = "(imported)"
 
 #: How an agent attempt ended, before any grading. Only `completed` runs can have a solution.
 AGENT_OUTCOMES = (
@@ -54,6 +67,9 @@ UNSCORED_STATUSES = frozenset({"needs_other_arch", "not_reproducible"})
 
 REGIMES = ("compute", "memory")
 
+#: The precisions a GPU's datasheet dense peak is recorded for (`peak_column`); `eval/hardware.py` keys by them.
+PRECISIONS = ("fp8", "bf16", "fp16", "tf32", "fp32")
+
 #: Timers the grader knows; CPU timings are labelled as such and never compared with GPU ones.
 TIMERS = ("cuda_event", "cpu_wall")
 
@@ -68,13 +84,18 @@ def _f(name: str, type_: pa.DataType, nullable: bool = True) -> pa.Field:
     return pa.field(name, type_, nullable=nullable)
 
 
-_TIME_STATS = (
-    _f("median_ms", pa.float64()),
-    _f("p10_ms", pa.float64()),
-    _f("p90_ms", pa.float64()),
-    _f("min_ms", pa.float64()),
-    _f("iterations", pa.int32()),
-)
+#: The times (ms) of a timing's statistics, in shapes and baselines rows: positive and finite when set.
+TIMES_MS = ("median_ms", "p10_ms", "p90_ms", "min_ms")
+
+#: Every statistic of a timing: its times and how many calls were timed.
+TIME_STATS = (*TIMES_MS, "iterations")
+
+def peak_column(precision: str) -> str:
+    """The hardware column of a precision's datasheet dense peak (TFLOP/s), one per `PRECISIONS`."""
+    return f"peak_tflop_s_{precision}"
+
+
+_TIME_STATS = (*(_f(name, pa.float64()) for name in TIMES_MS), _f("iterations", pa.int32()))
 
 RUNS = _schema(
     _f("run_id", pa.string(), False),
@@ -183,11 +204,7 @@ HARDWARE = _schema(
     _f("memory_gb", pa.float64()),
     _f("l2_mb", pa.float64()),
     _f("bandwidth_gb_s", pa.float64()),
-    _f("peak_tflop_s_fp8", pa.float64()),
-    _f("peak_tflop_s_bf16", pa.float64()),
-    _f("peak_tflop_s_fp16", pa.float64()),
-    _f("peak_tflop_s_tf32", pa.float64()),
-    _f("peak_tflop_s_fp32", pa.float64()),
+    *(_f(peak_column(p), pa.float64()) for p in PRECISIONS),
     _f("source", pa.string(), False),
     _f("measured_copy_gb_s", pa.float64()),
     _f("measured_bf16_tflop_s", pa.float64()),
@@ -217,3 +234,45 @@ ENUMS: dict[tuple[str, str], tuple[str, ...]] = {
     ("baselines", "status"): ("ok", "error", "wrong"),
     ("shapes", "bound"): REGIMES,
 }
+
+
+def python_type(field: pa.Field) -> str:
+    """The annotation, as written in a `from __future__ import annotations` module, of the value a
+    row of `field` reads as through pyarrow's `to_pylist` (e.g. 'int | None' for a nullable int32)."""
+    t = field.type
+    if pa.types.is_list(t):
+        base = f"list[{python_type(pa.field('item', t.value_type, nullable=False))}]"
+    elif pa.types.is_string(t):
+        base = "str"
+    elif pa.types.is_integer(t):
+        base = "int"
+    elif pa.types.is_floating(t):
+        base = "float"
+    elif pa.types.is_boolean(t):
+        base = "bool"
+    elif pa.types.is_timestamp(t):
+        base = "datetime"
+    else:
+        raise TypeError(f"column '{field.name}': no Python type for {t}")
+    return f"{base} | None" if field.nullable else base
+
+
+def record_mismatches(table: str, annotations: Mapping[str, object], *, extra: Collection[str] = (),
+                      folded: Collection[str] = ()) -> list[str]:
+    """How a typed record of `table`'s rows (field name -> annotation string, a dataclass's
+    `__annotations__`) differs from the contract: one line per column missing, surplus or typed
+    differently. `extra` fields are the record's own (joined rows, derived values), not columns;
+    `folded` columns are read into one of those instead of a field each. `schema_version` is the
+    file's, not the record's."""
+    schema, _ = TABLES[table]
+    columns = {f.name: f for f in schema if f.name != "schema_version" and f.name not in folded}
+    bad = [f"{table}: column '{name}' ({python_type(columns[name])}) has no field"
+           for name in columns if name not in annotations]
+    for name, annotation in annotations.items():
+        if name in extra:
+            continue
+        if name not in columns:
+            bad.append(f"{table}: field '{name}' is no column of the table")
+        elif annotation != python_type(columns[name]):
+            bad.append(f"{table}: field '{name}' is {annotation}, the column reads as {python_type(columns[name])}")
+    return bad

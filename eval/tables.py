@@ -33,14 +33,10 @@ import pyarrow.parquet as pq
 from kernelboard.errors import DataError, KernelboardError
 
 from .locks import hold, lock_dir
-from .schema import ADDED_COLUMNS, DNF_OUTCOMES, ENUMS, SCHEMA_VERSION, TABLES
+from .schema import ADDED_COLUMNS, DNF_OUTCOMES, ENUMS, IMPORTED_SUFFIX, SCHEMA_VERSION, TABLES, TIMES_MS
 
-_POSITIVE_TIMES = ("median_ms", "p10_ms", "p90_ms", "min_ms")
 #: Columns of the runs table that count something an agent spent: never negative, NaN or infinite.
 _SPENT = ("agent_seconds", "cost_usd", "input_tokens", "output_tokens", "cache_read_tokens")
-
-#: `measured_by` of rows an importer read from another grader ("KernelBench-Hard (imported)").
-IMPORTED_SUFFIX = "(imported)"
 
 
 def table_path(results_dir: Path, gpu: str, name: str) -> Path:
@@ -107,7 +103,7 @@ def _check_row(name: str, row: Mapping[str, Any]) -> list[tuple[str, str]]:
         value = row.get(column)
         if table == name and value is not None and value not in allowed:
             bad.append((column, f"expected one of {', '.join(allowed)}; got {value!r}"))
-    for column in _POSITIVE_TIMES:
+    for column in TIMES_MS:
         value = row.get(column)
         if column in row and value is not None and not _finite_positive(value):
             bad.append((column, f"a time must be a positive finite number of ms, got {value!r}"))

@@ -32,6 +32,7 @@ from typing import Any
 from . import jail
 from .atomic import write_text_atomic
 from .failure import Failure, one_line
+from .job import Job, JobError
 from .phases import Phases
 
 _ERROR_TEXT = 16_000  # characters of a failure's error text kept in the result (the runner sends ≤ 4000)
@@ -63,18 +64,21 @@ class RunnerProcess:
         return code
 
 
-def start_runner(job: dict[str, Any]) -> tuple[RunnerProcess, socket.socket]:
+def start_runner(job: Job) -> tuple[RunnerProcess, socket.socket]:
     """Start the runner for a grading job in the job's jail; returns it and the judge's end of its
     socket. It gets a private copy of the problem folder (the decks are hidden from it) and imports
     nothing of the candidate's until the judge asks."""
-    solution_dir = Path(job["solution_dir"])
-    problem = jail.problem_copy(Path(job["problem_path"]), solution_dir)
+    if job.solution_dir is None:
+        raise ValueError("a grading job names no solution_dir")
+    solution_dir = job.solution_dir
+    problem = jail.problem_copy(job.problem_path, solution_dir)
     mine, theirs = socket.socketpair()
-    setup = {"problem_path": str(problem), "device": job["device"], "solution_dir": str(solution_dir),
-             "rep_ms": job.get("rep_ms"), "parent_pid": os.getpid() if not job.get("jail") else None}
+    setup = {"problem_path": str(problem), "device": job.device, "solution_dir": str(solution_dir),
+             "rep_ms": job.rep_ms, "parent_pid": os.getpid() if job.jail is None else None}
     command = [sys.executable, "-m", "kernelboard.eval.runner", str(theirs.fileno()), json.dumps(setup)]
-    confined = jail.start(jail.Jail.from_job(job.get("jail")), command, writable=[solution_dir, *job.get("caches", [])],
-                          cwd=solution_dir, env={**os.environ, "PYTHONSAFEPATH": "1"}, device=job["device"],
+    cell = job.jail if job.jail is not None else jail.Jail(None)
+    confined = jail.start(cell, command, writable=[solution_dir, *job.caches],
+                          cwd=solution_dir, env={**os.environ, "PYTHONSAFEPATH": "1"}, device=job.device,
                           readable=[jail.problem_root(solution_dir)], pass_fds=(theirs.fileno(),))
     theirs.close()  # only the runner holds that end now: its death is an end of stream here
     return RunnerProcess(confined), mine
@@ -88,17 +92,23 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m kernelboard.eval.worker JOB.json", file=sys.stderr)
         return 2
-    job = json.loads(Path(argv[0]).read_text())
-    result_path = Path(job["result_path"])
+    try:
+        job = Job.from_json(Path(argv[0]).read_text())
+        result_path = job.result_path
+        if result_path is None:  # from_json requires one; said again for the type checker
+            raise JobError("key 'result_path': a value is required")
+    except (OSError, UnicodeDecodeError, JobError) as exc:  # no result path to trust: the parent reports it
+        print(f"{argv[0]}: not a usable job file: {exc}", file=sys.stderr)
+        return 2
     result: dict[str, Any] = {}
     try:
-        started = start_runner(job) if job["kind"] == "grade" else None
+        started = start_runner(job) if job.kind == "grade" else None
     except (OSError, ValueError) as exc:  # the sandbox could not be made: the grader's problem, not the kernel's
         traceback.print_exc()
         _write_result(result_path, {"status": "not_graded", "message": f"could not start the runner's sandbox: "
                                                                        f"{one_line(type(exc).__name__, str(exc))}"})
         return 0
-    phases = Phases(job, result)
+    phases = Phases.for_job(job, result)
     link = None
     try:
         import torch  # while the runner boots
@@ -107,7 +117,7 @@ def main(argv: list[str]) -> int:
         from .link import RunnerLink
 
         link = None if started is None else RunnerLink(*started, phases)
-        if job["device"] == "cuda" and not torch.cuda.is_available():
+        if job.device == "cuda" and not torch.cuda.is_available():
             result.update(status="not_graded", message="no CUDA device visible to the worker")
         elif link is not None:
             judge.grade(job, result, phases, link)

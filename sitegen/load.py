@@ -21,17 +21,12 @@ from typing import Any, TypeVar
 
 from kernelboard.errors import DataError, DeckError
 from kernelboard.eval.deck import Problem, load_problem
-from kernelboard.eval.hardware import PRECISIONS
 from kernelboard.eval.roofline import geomean
-from kernelboard.eval.schema import TABLES
+from kernelboard.eval.schema import CPU_KEY, IMPORTED_SUFFIX, PRECISIONS, TABLES, peak_column, record_mismatches
 from kernelboard.eval.submission import RUN_ID_PATTERN
-from kernelboard.eval.tables import IMPORTED_SUFFIX as IMPORTED
 from kernelboard.eval.tables import load_all
 
 from .ingest.annotations import Annotation, load_annotations
-
-#: Results graded with `--device cpu` live under this GPU key; they have no hardware row.
-CPU_KEY = "cpu"
 
 #: The model name of kernels written by the kernelboard maintainers (reference points, not AI models).
 HOUSE_MODEL = "kernelboard-house"
@@ -45,11 +40,6 @@ SIDECAR_MAX_BYTES = 256 * 1024
 
 #: Relative tolerance between a pass's headline speedup and the geomean of its shape rows.
 _GEOMEAN_RTOL = 1e-6
-
-#: `measured_by` of rows an importer read from another grader ("KernelBench-Hard (imported)"). Such a pass
-#: may carry per-shape times without per-shape speedups (the other grader published only geomean baselines),
-#: or no speedup at all, only that grader's own score (its peak fraction).
-IMPORTED_SUFFIX = IMPORTED
 
 __all__ = [
     "CPU_KEY",
@@ -203,6 +193,7 @@ class Baseline:
     torch_version: str | None
     triton_version: str | None
     cuda_version: str | None
+    grader_version: str
     measured_at: datetime
 
 
@@ -225,7 +216,7 @@ class Hardware:
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Hardware:
-        peaks = {p: row[f"peak_tflop_s_{p}"] for p in PRECISIONS if row.get(f"peak_tflop_s_{p}") is not None}
+        peaks = {p: row[peak_column(p)] for p in PRECISIONS if row.get(peak_column(p)) is not None}
         rest = {f.name: row[f.name] for f in fields(cls) if f.name != "peak_tflop_s"}
         return cls(peak_tflop_s=peaks, **rest)
 
@@ -264,6 +255,23 @@ class SiteData:
         """The newest `graded_at` in the data: the site's date, never the wall clock."""
         return max((r.graded_at for r in self.results), default=None)
 
+
+def _check_records() -> None:
+    """Each record above is a typed view of one table of `eval/schema.py`, the contract's one source:
+    a column added, dropped or retyped there and not here stops the import, naming the column."""
+    bad = [
+        *record_mismatches("runs", Run.__annotations__),
+        *record_mismatches("shapes", ShapeResult.__annotations__),
+        *record_mismatches("results", Result.__annotations__, extra=("shapes",)),
+        *record_mismatches("baselines", Baseline.__annotations__),
+        *record_mismatches("hardware", Hardware.__annotations__, extra=("peak_tflop_s",),
+                           folded=[peak_column(p) for p in PRECISIONS]),
+    ]
+    if bad:
+        raise TypeError("sitegen/load.py's records disagree with eval/schema.py: " + "; ".join(bad))
+
+
+_check_records()
 
 _R = TypeVar("_R")
 

@@ -1,15 +1,19 @@
-"""Shared fixtures: the generated site inputs (tests/site_fixtures.py), one built site and its URL."""
+"""Shared fixtures: the generated site inputs (tests/site_fixtures.py), one built site and its URL, and the
+CPU baselines the session's grading batches measured, kept for later batches of the same problem (tests/grading.py)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from browsing import CHROMIUM, HAVE_CHROMIUM, chromium, serve
 from site_fixtures import SiteInputs, make_site_inputs
+
+if TYPE_CHECKING:
+    from grading import MeasuredBaselines
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -54,3 +58,11 @@ def browser() -> Iterator[Any]:
         pytest.skip(f"{CHROMIUM} is not installed (and CI is unset)")
     with chromium() as browser:
         yield browser
+
+
+@pytest.fixture(scope="session")
+def measured_baselines() -> MeasuredBaselines:
+    """Each problem's CPU baselines measured once, for the grading batches that are about their verdicts."""
+    from grading import MeasuredBaselines  # here, so site-only test runs never load the grader
+
+    return MeasuredBaselines()

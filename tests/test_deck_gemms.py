@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from grading import grade
+from grading import MeasuredBaselines, grade
 from torch.utils.flop_counter import FlopCounterMode
 
 from kernelboard.eval.deck import Problem, Shape, load_problem
@@ -376,10 +376,10 @@ SUBMISSIONS = {  # run_id -> (problem, solution.py, expected status)
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    """One grading batch on a deck holding only these two problems (one baseline run each)."""
+def graded(tmp_path_factory: pytest.TempPathFactory, measured_baselines: MeasuredBaselines) -> dict[str, dict]:
+    """One grading batch on a deck holding only these two problems (their baselines measured once a session)."""
     subs = {run_id: (problem, source) for run_id, (problem, source, _) in SUBMISSIONS.items()}
-    return grade(tmp_path_factory.mktemp("gemms"), (FP8, W4), subs)
+    return grade(tmp_path_factory.mktemp("gemms"), (FP8, W4), subs, measured_baselines)
 
 
 @pytest.mark.parametrize("run_id", sorted(SUBMISSIONS))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from grading import REEXPORT, grade
+from grading import REEXPORT, MeasuredBaselines, grade
 from torch.utils.flop_counter import FlopCounterMode
 
 from kernelboard.eval.deck import Problem, Shape, load_problem
@@ -254,9 +254,11 @@ class Model(reference.Model):
 """
 
 
-def test_cpu_grading_passes_the_reference_and_fails_wrong_kernels(tmp_path: Path) -> None:
+def test_cpu_grading_passes_the_reference_and_fails_wrong_kernels(tmp_path: Path,
+                                                                  measured_baselines: MeasuredBaselines) -> None:
     sources = {"correct": REEXPORT, "no_decay": NO_DECAY, "stateless": STATELESS}
-    rows = grade(tmp_path, (FOLDER.name,), {run_id: (FOLDER.name, src) for run_id, src in sources.items()})
+    rows = grade(tmp_path, (FOLDER.name,), {run_id: (FOLDER.name, src) for run_id, src in sources.items()},
+                 measured_baselines)
     assert rows["correct"]["status"] == "pass", rows["correct"]["message"]
     assert rows["no_decay"]["status"] == "wrong", rows["no_decay"]["message"]
     assert "large_qkv" in rows["no_decay"]["message"]  # nominal outputs (< 0.015) sit inside atol 0.05

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from grading import grade
+from grading import MeasuredBaselines, grade
 from torch.utils.flop_counter import FlopCounterMode
 
 from kernelboard.eval.correctness import compare_topk
@@ -343,9 +343,9 @@ MOE_SUBMISSIONS = {
 
 
 @pytest.fixture(scope="module")
-def moe_graded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+def moe_graded(tmp_path_factory: pytest.TempPathFactory, measured_baselines: MeasuredBaselines) -> dict[str, dict]:
     subs = {run_id: (MOE, source) for run_id, (source, _) in MOE_SUBMISSIONS.items()}
-    return grade(tmp_path_factory.mktemp("moe"), (MOE,), subs)
+    return grade(tmp_path_factory.mktemp("moe"), (MOE,), subs, measured_baselines)
 
 
 @pytest.mark.parametrize("run_id", sorted(MOE_SUBMISSIONS))
@@ -395,9 +395,9 @@ TOPK_SUBMISSIONS = {
 
 
 @pytest.fixture(scope="module")
-def topk_graded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+def topk_graded(tmp_path_factory: pytest.TempPathFactory, measured_baselines: MeasuredBaselines) -> dict[str, dict]:
     subs = {run_id: ("05_topk_bitonic", source) for run_id, (source, _) in TOPK_SUBMISSIONS.items()}
-    return grade(tmp_path_factory.mktemp("topk"), ("05_topk_bitonic",), subs)
+    return grade(tmp_path_factory.mktemp("topk"), ("05_topk_bitonic",), subs, measured_baselines)
 
 
 @pytest.mark.parametrize("run_id", sorted(TOPK_SUBMISSIONS))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from grading import MeasuredBaselines
 
 from kernelboard.cli import main as cli
 from kernelboard.eval.schedule import EvalOptions, run_eval
@@ -211,12 +212,15 @@ def write_submissions(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict]]:
+def graded(tmp_path_factory: pytest.TempPathFactory,
+           measured_baselines: MeasuredBaselines) -> tuple[Path, dict[str, dict]]:
     root = tmp_path_factory.mktemp("eval")
     subs = write_submissions(root)
+    measured_baselines.copy_into(root / "results", [PROBLEM], rep_ms=20.0)
     opts = EvalOptions(deck=DECK, submissions=subs, out=root / "results", device="cpu",
                        timeout_s=30.0, build_timeout_s=10.0, rep_ms=20.0)
     rows = run_eval(opts)
+    measured_baselines.keep(root / "results", rep_ms=20.0)
     return root, {r["run_id"]: r for r in rows}
 
 

@@ -263,8 +263,7 @@ def test_file_descriptors_sent_to_the_judge_are_dropped(pair) -> None:
 
 
 def test_the_judge_keeps_the_parents_budgets_one_margin_early() -> None:
-    job = {"phase_timeouts_s": {"build": 10.0}, "timeout_s": 30.0, "started_unix": time.time()}
-    phases = Phases(job, {})
+    phases = Phases({}, budgets={"build": 10.0}, timeout_s=30.0, started_unix=time.time())
     phases.enter("reference")
     at, message = phases.deadline()
     assert message == "killed after 30 s (in phase 'reference')"
@@ -273,7 +272,7 @@ def test_the_judge_keeps_the_parents_budgets_one_margin_early() -> None:
     at, message = phases.deadline()
     assert message == "phase 'build' ran past its 10 s budget"
     assert at == pytest.approx(time.monotonic() + 10.0 - DEADLINE_MARGIN_S, abs=0.5)
-    assert Phases({}, {}).deadline() == (None, "")
+    assert Phases({}).deadline() == (None, "")
 
 
 def test_the_plan_holds_one_copy_of_each_check_input(monkeypatch: pytest.MonkeyPatch) -> None:

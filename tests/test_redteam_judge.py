@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from grading import REEXPORT, grade
+from grading import REEXPORT, MeasuredBaselines, grade
 
 PROBLEM = "03_paged_attention"
 
@@ -192,10 +192,10 @@ time.perf_counter_ns = _lying
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+def graded(tmp_path_factory: pytest.TempPathFactory, measured_baselines: MeasuredBaselines) -> dict[str, dict]:
     root: Path = tmp_path_factory.mktemp("redteam")
     subs = {name: (PROBLEM, source) for name, (source, _) in {**ATTACKS, "selective_clock_lie": SELECTIVE_LIE}.items()}
-    return grade(root, [PROBLEM], subs, timeout_s=60.0, build_timeout_s=20.0)
+    return grade(root, [PROBLEM], subs, measured_baselines, timeout_s=60.0, build_timeout_s=20.0)
 
 
 def _status(graded: dict[str, dict], name: str) -> str:

@@ -52,7 +52,7 @@ def _indent(text: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(tmp_path_factory, measured_baselines):
     """The batch, graded once, with the paths an attacker is told about and a listener on loopback."""
     root = tmp_path_factory.mktemp("redteam")
     out, subs, deck = root / "out", root / "subs", root / "deck"
@@ -194,7 +194,7 @@ os.remove('big.bin')
     before = {"deck": (ROOT / "eval" / "decks" / "hard" / P / "problem.yaml").read_bytes()}
     os.environ["KB_REDTEAM_SECRET"] = SECRET
     try:
-        rows = grade(root, [P], submissions, timeout_s=180.0)
+        rows = grade(root, [P], submissions, measured_baselines, timeout_s=180.0)
     finally:
         os.environ.pop("KB_REDTEAM_SECRET", None)
     logs = {run: (out / "cpu" / "logs" / f"{run}.log").read_text(errors="replace") for run in submissions}

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from kernelboard.errors import DataError
-from kernelboard.eval.schema import SCHEMA_VERSION, TABLES
+from kernelboard.eval.schema import SCHEMA_VERSION, TABLES, record_mismatches
 from kernelboard.eval.tables import load_all, read_table, rows_to_table, table_path, upsert
 
 NOW = dt.datetime(2026, 11, 29, 19, 0, tzinfo=dt.UTC)
@@ -141,3 +141,13 @@ def test_a_result_of_an_unknown_run_and_disagreeing_run_copies_are_reported(tmp_
         f"{results}: runs: run_id='r1' appears twice with different ['model']",
         f"{results / 'h200' / 'results.parquet'}: row 1 (run_id='r9'): field 'run_id': no such run in runs.parquet",
     ]
+
+
+def test_a_record_that_drifts_from_the_contract_is_named_column_by_column() -> None:
+    """The site's typed records are checked against eval/schema.py, the contract's one source."""
+    assert record_mismatches("hardware", {"gpu": "str"}, folded=[f.name for f in TABLES["hardware"][0]
+                                                                   if f.name != "gpu"]) == []
+    bad = record_mismatches("runs", {"run_id": "str | None", "bench": "str", "colour": "str"},
+                            folded=[f.name for f in TABLES["runs"][0] if f.name not in ("run_id", "bench", "problem")])
+    assert bad == ["runs: column 'problem' (str) has no field", "runs: field 'run_id' is str | None, the column reads "
+                   "as str", "runs: field 'colour' is no column of the table"]

@@ -30,6 +30,7 @@ from kernelboard.errors import DataError
 from kernelboard.eval.deck import Problem, load_problem
 from kernelboard.eval.hardware import GPUS
 from kernelboard.eval.roofline import geomean
+from kernelboard.eval.schema import IMPORTED_SUFFIX
 from kernelboard.eval.submission import RUN_ID_PATTERN, Submission
 
 from ._files import dump_yaml, sync_folder
@@ -39,7 +40,7 @@ from .kbh_tables import write_rows
 from .naming import RUNNER_UTC_OFFSET, lab_of, model_slug, split_run_id
 from .recover import SOLUTION, names_file
 
-MEASURED_BY = "KernelBench-Hard (imported)"
+MEASURED_BY = f"KernelBench-Hard {IMPORTED_SUFFIX}"
 GRADER_VERSION = "kbh"
 #: KernelBench-Hard timed its compiled baseline with torch.compile(mode="reduce-overhead").
 COMPILE_VARIANT = "compile:reduce-overhead"

@@ -1,0 +1,181 @@
+"""A problem as the grader sees it, whatever deck format it was read from (no torch, no I/O).
+
+The types every deck format builds (`Problem`, its `Shape`s and stress cases) and the arithmetic
+the roofline needs of them (`evaluate_formula`). The formats (`format_native.py`, `format_kbh.py`,
+`format_sikb.py`) read files into these; formats.py tells them apart behind
+`deck.load_problem`; nothing here reads a file.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernelboard.errors import DeckError
+
+#: Default tolerances per output dtype (atol, rtol), KernelBench-Hard's table; ints are exact.
+DEFAULT_TOLERANCE: dict[str, tuple[float, float]] = {
+    "float32": (1e-4, 1e-4),
+    "float16": (1e-2, 1e-2),
+    "bfloat16": (1e-2, 1e-2),
+    "float8_e4m3fn": (0.1, 0.1),
+    "float8_e5m2": (0.1, 0.1),
+    "int8": (0.0, 0.0),
+    "int32": (0.0, 0.0),
+    "int64": (0.0, 0.0),
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One size of a problem: `params` are the shape keys the formulas and globals use."""
+
+    idx: int
+    label: str
+    params: dict[str, int]
+
+    @property
+    def params_json(self) -> str:
+        return json.dumps(self.params, sort_keys=True)
+
+
+#: How an output is compared with the reference's (correctness.py): every element within
+#: tolerance, or a top-k's (values, indices) with any valid tie-break.
+OUTPUT_RULES = ("allclose", "topk")
+
+
+@dataclass(frozen=True)
+class StressCase:
+    """Inputs at `scale[position]` × their nominal values — and state buffers at `state_scale[name]` ×
+    theirs, in both models for that call only — graded with `tolerance` overrides."""
+
+    name: str
+    scale: dict[int, float]
+    tolerance: dict[str, tuple[float, float]]
+    state_scale: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StructuralCase:
+    """Inputs rewritten by `reference.<function>(inputs, **params)`: ragged lengths, ties, …"""
+
+    function: str
+    params: dict[str, int]
+
+    @property
+    def name(self) -> str:
+        return f"{self.function}({', '.join(f'{k}={v}' for k, v in sorted(self.params.items()))})"
+
+
+@dataclass(frozen=True)
+class StructuralStress:
+    function: str
+    canonical: tuple[dict[str, int], ...]
+    random_count: int
+    random_ranges: dict[str, tuple[int, int]]
+    tolerance: dict[str, tuple[float, float]] = field(default_factory=dict)  # overrides for these cases
+
+    def as_stress(self) -> StressCase:
+        """The structural cases' tolerance overrides, in the shape numeric cases carry them."""
+        return StressCase(self.function, {}, self.tolerance)
+
+    def cases(self, seed: int) -> list[StructuralCase]:
+        """The canonical cases, then `random_count` drawn from `seed` (so a run can be replayed)."""
+        rng = random.Random(seed)
+        drawn = [
+            {k: rng.randint(lo, hi) for k, (lo, hi) in sorted(self.random_ranges.items())}
+            for _ in range(self.random_count)
+        ]
+        return [StructuralCase(self.function, dict(p)) for p in (*self.canonical, *drawn)]
+
+
+@dataclass(frozen=True)
+class Problem:
+    bench: str
+    name: str
+    display_name: str
+    folder: Path
+    regime: str
+    precision: str
+    peak_tflops_key: str
+    flops_formula: str | None  # None: no roofline (e.g. a KernelBench single-file problem)
+    bytes_formula: str | None
+    shape_globals: dict[str, str]
+    shapes: tuple[Shape, ...]
+    cpu_shapes: tuple[Shape, ...]
+    seeds: tuple[int, ...]
+    tolerance: dict[str, tuple[float, float]]
+    numeric_stress: tuple[StressCase, ...]
+    forbidden: tuple[str, ...]
+    structural_stress: StructuralStress | None
+    forbidden_ops: tuple[str, ...] = ()  # substrings of aten op names refused at run time
+    forbidden_kernels: tuple[str, ...] = ()  # regexes of CUDA kernel names refused in the timed call
+    require_own_kernel: bool = False  # the timed call must launch a kernel no library ships
+    #: The judge draws the reference Model's parameters and the inputs on the grading device instead
+    #: of on the CPU (06: 1.6 G bf16 weights and 1 G-element hidden states per input set, drawn on
+    #: the CPU, took most of each shape's minute). The values differ from a CPU draw, and are the same
+    #: on every grading on that device; the solution's Model is still built as KernelBench builds it.
+    draw_on_device: bool = False
+    library: dict[str, str] = field(default_factory=dict)  # library line name -> reference.py function
+    solution_class: str = "Model"  # ScalingIntelligence KernelBench candidates define ModelNew
+    weight_transfer: str = "state_dict"  # or "seed": both models built after the same manual_seed
+    output_rule: str = "allclose"  # or "topk": (values, indices), any valid tie-break (correctness.py)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def reference_path(self) -> Path:
+        """`folder/reference.py`; a single-file problem (ScalingIntelligence KernelBench, see
+        formats.py) has the file itself as its `folder`, so a worker can reload it from there."""
+        return self.folder if self.folder.suffix == ".py" else self.folder / "reference.py"
+
+    def shapes_for(self, device: str) -> tuple[Shape, ...]:
+        return self.cpu_shapes if device == "cpu" else self.shapes
+
+    def flops(self, shape: Shape) -> float | None:
+        return evaluate_formula(self.flops_formula, shape.params) if self.flops_formula else None
+
+    def bytes_moved(self, shape: Shape) -> float | None:
+        return evaluate_formula(self.bytes_formula, shape.params) if self.bytes_formula else None
+
+    def tolerance_for(self, dtype: str, case: StressCase | None = None) -> tuple[float, float]:
+        """(atol, rtol) for an output dtype name such as 'bfloat16', a stress case's first."""
+        for table in ((case.tolerance if case else {}), self.tolerance, DEFAULT_TOLERANCE):
+            if dtype in table:
+                return table[dtype]
+        return DEFAULT_TOLERANCE["float32"]
+
+
+_FORMULA_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Name, ast.Load, ast.Constant, ast.Add,
+                  ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.USub, ast.UAdd)
+
+
+def evaluate_formula(formula: str, params: dict[str, int]) -> float:
+    """Evaluate an arithmetic formula over shape keys; names and operators only, no calls."""
+    tree = ast.parse(formula, mode="eval")
+    for node in ast.walk(tree):
+        if not isinstance(node, _FORMULA_NODES):
+            raise ValueError(f"formula {formula!r}: {type(node).__name__} is not allowed")
+        if isinstance(node, ast.Name) and node.id not in params:
+            raise ValueError(f"formula {formula!r}: unknown name {node.id!r}; shape keys: {sorted(params)}")
+    value = eval(compile(tree, "<formula>", "eval"), {"__builtins__": {}}, dict(params))
+    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise ValueError(f"formula {formula!r} gave {value!r}, expected a positive number")
+    return float(value)
+
+
+def check_formulas(problem: Problem, where: Path | str) -> None:
+    """Every formula must evaluate to a positive number on every shape, GPU and CPU."""
+    for shape in problem.shapes + problem.cpu_shapes:
+        for formula in (problem.flops_formula, problem.bytes_formula):
+            if formula is None:
+                continue
+            try:
+                evaluate_formula(formula, shape.params)
+            except (ValueError, SyntaxError, ZeroDivisionError) as exc:
+                raise DeckError(f"{where}: shape {shape.label!r}: {exc}") from None
+
