@@ -127,4 +127,36 @@ def kbh(path: Path, bench: str, data_dir: Path, decks_dir: Path, traces_dataset:
     click.echo(report.summary())
 
 
+@import_group.command("mega")
+@click.argument("path", type=_EXISTING_DIR)
+@click.option("--data", "data_dir", type=_DIR, default=Path("data"), show_default=True,
+              help="Data folder: rows go to DATA/results/<gpu>/, kernels to DATA/submissions/mega/, audits to "
+                   "DATA/annotations/.")
+@click.option("--decks", "decks_dir", type=_DIR, default=Path("eval/decks"), show_default=True,
+              help="Problem decks; runs of problems without a deck folder are not imported.")
+@click.option("--traces", "traces_dataset", metavar="OWNER/NAME",
+              help="Hub dataset holding the runs' traces (e.g. Infatoshi/kernelbench-mega-traces), to link them.")
+@click.option("--repo", default="Infatoshi/kernelbench.com", show_default=True,
+              help="GitHub repository PATH is a checkout of; source files are linked there.")
+@click.option("--revision", metavar="COMMIT", help="Commit PATH is at (default: read from its git checkout).")
+def mega(path: Path, data_dir: Path, decks_dir: Path, traces_dataset: str | None, repo: str,
+         revision: str | None) -> None:
+    """Import KernelBench-Mega's published results (results.csv, kernels, audits) from a checkout of
+    kernelbench.com's repository, labelled as measured by that grader, with every kernel so that it can be regraded."""
+    from kernelboard.errors import DataError
+
+    from .mega import import_mega
+
+    try:
+        report = import_mega(path, data_dir=data_dir, decks_dir=decks_dir if decks_dir.is_dir() else None,
+                             repo=repo, revision=revision, traces_dataset=traces_dataset)
+    except DataError as exc:
+        raise click.ClickException("\n".join(exc.problems)) from None
+    for line in report.skipped:
+        click.echo(f"skipped: {line}", err=True)
+    for line in report.warnings:
+        click.echo(f"warning: {line}", err=True)
+    click.echo(report.summary())
+
+
 __all__ = ["import_group"]

@@ -1,0 +1,162 @@
+"""`kernelboard import mega`: a small generated kernelbench.com checkout with KernelBench-Mega's published files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from kernelboard.eval.submission import load_submission
+from kernelboard.eval.tables import load_all
+from kernelboard.sitegen.ingest.annotations import load_annotations
+from kernelboard.sitegen.ingest.cli import import_group
+from kernelboard.sitegen.ingest.mega import GRADER_VERSION, MEASURED_BY, import_mega, parse_row
+
+REPO = Path(__file__).resolve().parents[1]
+DECKS = REPO / "eval" / "decks"
+COMMIT = "c7d92211851a18fdba173544f703436f4032b350"
+P = "02_kimi_linear_decode"
+PASS = f"20260719_121747_or-fable_anthropic_claude-fable-5_{P}"
+WRONG = f"20260618_211510_kimi-claude_kimi-k2.7-code_{P}"
+B200 = f"20260721_103731_or-fable_anthropic_claude-fable-5_{P}"
+BAD_GPU = f"20260720_000000_codex_gpt-5.5_{P}"
+ONLY_KERNEL = f"20260702_113200_claude_claude-fable-5_{P}"
+RL = "20260709_164856_codex_gpt-5.6-sol_01_rl_grid_ppo"
+HEADER = ("gpu,harness,model,problem,correct,score,tok_s,elapsed_s,output_tokens,ctx2048,ctx8192,ctx16384,"
+          "framework,kernels,megakernel,megakernel_judged,has_viewer,run_id")
+CSV = "\r\n".join([
+    HEADER,
+    f"RTX PRO 6000 Blackwell,or-fable,anthropic/claude-fable-5,{P},true,24.609,3236,10275,,24.94,24.28,24.61,ptx,3,"
+    f"pass,true,true,{PASS}",
+    f"H100,kimi-claude,kimi-k2.7-code,{P},false,,,10800,,,,,triton,3,fail,false,true,{WRONG}",
+    f"B200,or-fable,anthropic/claude-fable-5,{P},true,35.435,4118,13773,,34.04,35.48,36.84,ptx,4,pass,true,true,{B200}",
+    f"A100,codex,gpt-5.5,{P},true,2.0,100,100,5,2,2,2,triton,1,fail,false,true,{BAD_GPU}",
+    "",
+])
+RULE = "# " + "=" * 66
+CU = "__global__ void step() {}\n"
+KERNEL = ("import torch\nSRC = open('mega.cu').read()\n"
+          f"\n\n{RULE}\n# ===== sidecar: mega.cu ({len(CU)} bytes, loaded by solution.py) =====\n{RULE}\n\n{CU}")
+
+
+def _audit(run_id: str, verdict: str, **extra: object) -> dict:
+    return {"run_id": run_id, "model": "claude-fable-5", "harness": "claude", "effort": "max", "problem": P,
+            "peak_fraction": None, "verdict": verdict, "summary": f"audit of {run_id}",
+            "quotes": [{"file": "x.py", "lines": [0, 0], "label": "no line", "text": "x"}], **extra}
+
+
+def make_checkout(root: Path) -> Path:
+    files = {
+        "public/data/mega/results.csv": CSV,
+        f"public/data/mega/code/{PASS}.solution.py.txt": KERNEL,
+        f"public/data/mega/code/{WRONG}.solution.py.txt": "import torch\n",
+        f"public/data/mega/code/{ONLY_KERNEL}.solution.py.txt": "import torch  # eager\n",
+        f"public/data/mega/code/{RL}.solution.py.txt": "import torch\n",
+        f"public/data/mega/code/{P}.reference.py.txt": "# the source's reference\n",
+        f"benchmarks/mega/results/annotations/{PASS}.yaml": yaml.safe_dump(
+            _audit(PASS, "clean", megakernel_authentic=True, authenticity_reason="one launch")),
+        f"benchmarks/mega/results/annotations/{ONLY_KERNEL}.yaml": yaml.safe_dump(
+            _audit(ONLY_KERNEL, "bug", megakernel_authentic=False, gpu="H100")),
+        f"benchmarks/mega/results/annotations/{RL}.yaml": yaml.safe_dump(_audit(RL, "clean")),
+        "benchmarks/mega/results/annotations/SCHEMA.md": "# schema\n",
+    }
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+@pytest.fixture
+def imported(tmp_path: Path) -> tuple[Path, object]:
+    data = tmp_path / "data"
+    report = import_mega(make_checkout(tmp_path / "src"), data_dir=data, decks_dir=DECKS, revision=COMMIT)
+    return data, report
+
+
+def test_rows_land_per_gpu_and_keep_the_contract(imported) -> None:
+    data, report = imported
+    assert (report.rows, report.passes, report.per_gpu) == (3, 2, {"b200": 1, "h100-pcie": 1, "rtx-pro-6000": 1})
+    tables = load_all(data / "results")
+    results = {r["run_id"]: r for r in tables["results"].to_pylist()}
+    assert {r["measured_by"] for r in results.values()} == {MEASURED_BY}
+    assert {r["grader_version"] for r in results.values()} == {GRADER_VERSION}
+    ok = results[PASS]
+    assert (ok["status"], ok["gpu"], ok["n_shapes"], ok["peak_fraction"], ok["speedup_vs_compile"]) == (
+        "pass", "rtx-pro-6000", 3, None, None)
+    assert "24.609× its optimised-PyTorch baseline.py" in ok["message"]
+    assert "24.94× at 2048, 24.28× at 8192, 24.61× at 16384" in ok["message"]
+    assert results[WRONG]["status"] == "wrong" and results[WRONG]["gpu"] == "h100-pcie"
+    shapes = [s for s in tables["shapes"].to_pylist() if s["run_id"] == PASS]
+    assert [s["shape_label"] for s in shapes] == ["context 2048", "context 8192", "context 16384"]
+    assert '"context_len": 8192' in shapes[1]["shape_json"] and "24.28×" in shapes[1]["note"]
+    runs = {r["run_id"]: r for r in tables["runs"].to_pylist()}
+    assert runs[PASS]["bench"] == "mega" and runs[PASS]["model"] == "claude-fable-5"
+    assert runs[PASS]["lab"] == "Anthropic" and runs[PASS]["agent_seconds"] == 10275
+    assert runs[PASS]["source"].startswith(f"github:Infatoshi/kernelbench.com@{COMMIT}:public/data/mega/results.csv;")
+
+
+def test_kernels_are_split_and_carry_their_provenance(imported) -> None:
+    data, report = imported
+    folder = data / "submissions" / "mega" / PASS
+    assert sorted(p.name for p in folder.iterdir()) == ["mega.cu", "run.yaml", "solution.py"]
+    assert (folder / "mega.cu").read_text() == CU
+    assert (folder / "solution.py").read_text() == "import torch\nSRC = open('mega.cu').read()\n"
+    sub = load_submission(folder)
+    assert f"@{COMMIT}:" in sub.meta["source"] and sub.meta["source"].endswith(f"{PASS}.solution.py.txt")
+    only = load_submission(data / "submissions" / "mega" / ONLY_KERNEL)  # published kernel, no CSV row
+    assert only.meta["gpu"] == "h100-pcie" and "no results.csv row" in only.meta["outcome_note"]
+    assert (report.submissions, report.kernels_without_result) == (3, 1)
+    assert not (data / "submissions" / "mega" / B200).joinpath("solution.py").exists()  # no published kernel
+    assert any(B200 in w and "no kernel" in w for w in report.warnings)
+
+
+def test_nothing_is_dropped_silently(imported) -> None:
+    _, report = imported
+    skipped = "\n".join(report.skipped)
+    assert f":5: {BAD_GPU}: column 'gpu': 'A100' is not one of" in skipped
+    assert f"{RL}: problem '01_rl_grid_ppo' has no deck folder" in skipped
+    assert f"{P}.reference.py.txt: the source's own problem file" in skipped
+    assert f"{RL}.yaml: {RL}: no imported run" in skipped
+    assert all("\n" not in line and "Traceback" not in line for line in report.skipped)
+    assert len(report.skipped) == 4
+
+
+def test_annotations_follow_the_sources_authenticity_rule(imported) -> None:
+    data, report = imported
+    notes = load_annotations(data / "annotations")
+    assert set(notes) == {PASS, ONLY_KERNEL} and report.annotations == 2
+    assert notes[PASS].verdict == "clean"
+    assert notes[ONLY_KERNEL].verdict == "megakernel_not_authentic" and notes[ONLY_KERNEL].flags
+    raw = yaml.safe_load((data / "annotations" / f"{ONLY_KERNEL}.yaml").read_text())
+    assert raw["extra"]["source_verdict"] == "bug" and raw["extra"]["megakernel_authentic"] is False
+    assert "lines" not in raw["quotes"][0]  # the source's [0, 0] means "no line"
+
+
+def test_rows_that_do_not_parse_say_why_in_one_line() -> None:
+    row = dict(zip(HEADER.split(","), ["H100", "codex", "gpt", P, "true", "", "", "", "", "", "", "", "", "",
+                                       "", "false", "true", PASS], strict=True))
+    with pytest.raises(ValueError, match="a correct row needs a positive speedup"):
+        parse_row(row, 2)
+    with pytest.raises(ValueError, match="column 'correct': expected true or false"):
+        parse_row({**row, "correct": "yes"}, 2)
+    with pytest.raises(ValueError, match="column 'ctx8192': expected a number"):
+        parse_row({**row, "score": "2", "ctx2048": "2", "ctx8192": "fast", "ctx16384": "2"}, 2)
+
+
+def test_cli_imports_and_a_second_run_changes_nothing(tmp_path: Path) -> None:
+    src, data = make_checkout(tmp_path / "src"), tmp_path / "data"
+    args = ["mega", str(src), "--data", str(data), "--decks", str(DECKS), "--revision", COMMIT]
+    first = CliRunner().invoke(import_group, args)
+    assert first.exit_code == 0, first.output
+    assert "3 result rows imported (b200 1, h100-pcie 1, rtx-pro-6000 1; 2 passes)" in first.output
+    before = {p: p.stat().st_mtime_ns for p in data.rglob("*") if p.is_file()}
+    again = CliRunner().invoke(import_group, args)
+    assert again.exit_code == 0 and {p: p.stat().st_mtime_ns for p in data.rglob("*") if p.is_file()} == before
+
+
+def test_cli_refuses_a_folder_without_results(tmp_path: Path) -> None:
+    result = CliRunner().invoke(import_group, ["mega", str(tmp_path), "--data", str(tmp_path / "d")])
+    assert result.exit_code == 1 and "no public/data/mega/results.csv" in result.output
+    assert "Traceback" not in result.output
