@@ -42,7 +42,7 @@ from ._files import dump_yaml, sync_folder
 from .annotations import write_annotation
 from .kbh import DEFAULT_REPO, Provenance, git_revision, split_published
 from .kbh_tables import write_rows
-from .naming import RUNNER_UTC_OFFSET, lab_of, model_slug
+from .naming import RUNNER_UTC_OFFSET, lab_of, model_slug, split_run_id
 
 BENCH = "mega"
 MEASURED_BY = "KernelBench-Mega (imported)"
@@ -273,8 +273,6 @@ def _kernel_only(run_id: str, code: dict[str, Path], data_dir: Path, decks_dir: 
                  problems: dict[str, Problem | None], prov: Provenance, root: Path, report: MegaReport,
                  imported: set[str]) -> None:
     """A published kernel without a CSV row: its submission folder (run.yaml from its id and audit)."""
-    from .naming import split_run_id
-
     path = code[run_id]
     audit = _read_yaml(root / ANNOTATIONS_DIR / f"{run_id}.yaml")
     parts = split_run_id(run_id, str(audit.get("model") or "") or None)
