@@ -17,6 +17,7 @@ from kernelboard.errors import DeckError
 
 from .problem import OUTPUT_RULES, Problem, Shape, StressCase, StructuralStress, check_formulas
 from .schema import REGIMES
+from .settings import HEADLINE_COMPILE_VARIANTS
 
 
 class Fields:
@@ -139,6 +140,7 @@ def load_native_problem(folder: Path) -> Problem:
         require_own_kernel=f.get("require_own_kernel", bool, False),
         draw_on_device=f.get("draw_on_device", bool, False),
         library=_library(f.get("library", dict, {}), f"{path}: library"),
+        skip_baselines=_skip_baselines(f.get("skip_baselines", list, []), f"{path}: skip_baselines"),
         solution_class=f.get("solution_class", str, "Model"),
         weight_transfer=_choice(f, "weight_transfer", ("state_dict", "seed"), "state_dict"),
         output_rule=_choice(f, "output_rule", OUTPUT_RULES, "allclose"),
@@ -146,6 +148,17 @@ def load_native_problem(folder: Path) -> Problem:
     )
     check_formulas(problem, path)
     return problem
+
+
+def _skip_baselines(items: list[Any], where: str) -> tuple[str, ...]:
+    """Compile variants not measured: each one of HEADLINE_COMPILE_VARIANTS, one left for the headline."""
+    names = tuple(str(x) for x in items)
+    for name in names:
+        if name not in HEADLINE_COMPILE_VARIANTS:
+            raise DeckError(f"{where}: expected one of {', '.join(HEADLINE_COMPILE_VARIANTS)}, got {name!r}")
+    if set(HEADLINE_COMPILE_VARIANTS) <= set(names):
+        raise DeckError(f"{where}: skips every compile variant; the headline needs one")
+    return names
 
 
 def read_numeric_stress(items: list[Any], where: str) -> tuple[StressCase, ...]:

@@ -109,9 +109,10 @@ def _transient(row: dict[str, Any]) -> bool:
 
 def baseline_variants(opts: EvalOptions, problem: Problem) -> tuple[str, ...]:
     """The baselines measured for a problem: the device's eager and compile variants and the problem's
-    library lines, less those --skip-baseline names."""
+    library lines, less those --skip-baseline or the problem's `skip_baselines` names."""
+    skipped = {*opts.skip_baselines, *problem.skip_baselines}
     return tuple(v for v in (*BASELINE_VARIANTS[opts.device], *(f"library:{name}" for name in problem.library))
-                 if v not in opts.skip_baselines)
+                 if v not in skipped)
 
 
 def baselines_todo(opts: EvalOptions, problem: Problem, cached: dict[int, dict[str, Any]]) -> dict[str, list[str]]:

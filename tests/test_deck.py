@@ -70,3 +70,24 @@ def test_bad_problem_yaml_names_file_and_key(tmp_path: Path) -> None:
 def test_empty_deck_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(DeckError, match="no problem folders"):
         load_deck(tmp_path)
+
+
+def test_a_problem_can_leave_out_one_compile_baseline(tmp_path: Path) -> None:
+    """02 never measures max-autotune (minutes of autotuning): `make eval` grades it as the committed
+    rows were, with no --skip-baseline to remember; a name that is no compile variant, or one that
+    leaves the headline no compile variant, is refused in one line."""
+    from kernelboard.eval.schedule import EvalOptions, baseline_variants
+
+    kda = load_problem(DECK / "02_kda_cutlass")
+    assert kda.skip_baselines == ("compile:max-autotune",)
+    opts = EvalOptions(deck=DECK, submissions=tmp_path, out=tmp_path, device="cuda")
+    assert baseline_variants(opts, kda) == ("eager", "compile:default", "library:fla.chunk_kda")
+    assert "compile:max-autotune" in baseline_variants(opts, load_problem(DECK / "03_paged_attention"))
+    folder = tmp_path / "03_paged_attention"
+    shutil.copytree(DECK / "03_paged_attention", folder)
+    text = (folder / "problem.yaml").read_text()
+    for value, why in (("[eager]", "expected one of compile:default, compile:max-autotune, got 'eager'"),
+                       ("[compile:default, compile:max-autotune]", "skips every compile variant")):
+        (folder / "problem.yaml").write_text(f"{text}\nskip_baselines: {value}\n")
+        with pytest.raises(DeckError, match=rf"problem.yaml: skip_baselines: {why}"):
+            load_problem(folder)
