@@ -115,6 +115,9 @@ def kbh(path: Path, bench: str, data_dir: Path, decks_dir: Path, traces_dataset:
 
     from .kbh import import_kbh
 
+    if bench == "mega":
+        raise click.ClickException(f"{path}: KernelBench-Mega's results are read by `kernelboard import mega`, "
+                                   "not `import kbh` (its columns, kernels and audits differ)")
     try:
         report = import_kbh(path, data_dir=data_dir, bench=bench, decks_dir=decks_dir if decks_dir.is_dir() else None,
                             traces_dataset=traces_dataset, repo=repo, revision=revision)
