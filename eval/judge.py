@@ -91,7 +91,9 @@ def _check_state(before: dict[str, Any], reply: Reply, when: str) -> None:
 
 
 def _check_inputs(shared: list[torch.Tensor | None], pristine: list[Any], where: str) -> None:
-    """Stops in-place writes to inputs: the shared inputs after the call against private copies."""
+    """Stops in-place writes to inputs: the shared inputs after the call against private copies. At a
+    numeric stress case's scaled positions the call wrote to the runner's scaled copy, which is not
+    seen here; the same code's writes are seen on the seed's nominal call, made first."""
     for i, (now, then) in enumerate(zip(shared, pristine, strict=True)):
         if now is not None and not torch.equal(now.to(then.device), then):
             raise Failure("integrity_violation", f"{where}: the solution wrote into input {i}")
@@ -179,13 +181,15 @@ def _check_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sh
             hits = audit.forbidden_ops(problem, reply.strings("ops"))
             if hits:
                 raise Failure("forbidden", f"forbidden aten ops ran: {', '.join(hits)}")
-            verdict = _judge(problem, check.ref_out, reply.outputs([check.ref_out])[0], check.pristine, check.stress)
+            verdict = _judge(problem, check.ref_out, reply.outputs([check.ref_out])[0], check.called_with(),
+                             check.stress)
             if not verdict.ok:
                 raise Failure("wrong", f"{where} (op audit): {verdict.message}")
-        reply = link.ask("call", where, shape=k, check=j, state_scale=check.stress.state_scale if check.stress else {})
+        reply = link.ask("call", where, shape=k, check=j, state_scale=check.stress.state_scale if check.stress else {},
+                         scale={str(p): f for p, f in check.stress.scale.items()} if check.stress else {})
         _check_state(state, reply, f"during {where}")
         _check_inputs(shared[j], check.pristine, where)
-        verdict = _judge(problem, check.ref_out, reply.outputs([check.ref_out])[0], check.pristine, check.stress)
+        verdict = _judge(problem, check.ref_out, reply.outputs([check.ref_out])[0], check.called_with(), check.stress)
         if not verdict.ok:
             raise Failure("wrong", f"{where}: {verdict.message}")
         worst = max(worst, verdict.rel_err or 0.0)

@@ -54,10 +54,14 @@ def draw_inputs(reference: types.ModuleType, seed: int, device: str, on_device: 
 
 def scaled(inputs: list[Any], case: StressCase | None) -> list[Any]:
     """A stress case's inputs: listed positions rescaled in fp32 and re-rounded to their dtype."""
-    if case is None:
-        return inputs
+    return inputs if case is None else scaled_positions(inputs, case.scale)
+
+
+def scaled_positions(inputs: list[Any], scale: dict[int, float]) -> list[Any]:
+    """`inputs` with each listed position a new tensor, × its factor in fp32, re-rounded to its dtype
+    (the same bits on every device: one rounded multiply); the rest the same objects."""
     out = list(inputs)
-    for pos, factor in case.scale.items():
+    for pos, factor in scale.items():
         out[pos] = (inputs[pos].float() * factor).to(inputs[pos].dtype)
     return out
 
@@ -106,6 +110,11 @@ class Check:
     arena copy, so the judge's own tensors stay as drawn, and once `inputs` is emptied after sharing
     they are the judge's record of what the runner was given (one copy: on 06's headline shape, 16
     input sets of 2.1 GB that a second copy held twice on the GPU).
+
+    A numeric stress case's `inputs` are its seed's nominal tensors (the same objects as the nominal
+    check's, so the arena holds them once): the call is made on them × `stress.scale`, which the
+    runner applies to its own copy and the judge to its record (`called_with`) — on 06's headline
+    shape, 8 of the 16 input sets of 2.1 GB were scaled copies of the other 8.
     """
 
     label: str
@@ -113,6 +122,10 @@ class Check:
     pristine: list[Any]
     ref_out: Output
     stress: StressCase | None
+
+    def called_with(self) -> list[Any]:
+        """The inputs the call is judged on: `pristine` × the stress case's scale."""
+        return scaled(self.pristine, self.stress)
 
 
 @dataclass
@@ -153,11 +166,11 @@ def make_plan(problem: Problem, reference: types.ModuleType, shapes: tuple[Shape
             if structural and not first:
                 first = clone_all(inputs)
             for case in (None, *problem.numeric_stress):
-                case_inputs = scaled(inputs, case)
                 label = f"seed {seed} case {case.name if case else 'nominal'}"
                 with scaled_state(ref_model, case.state_scale if case else {}):
-                    ref_out = ref_model(*case_inputs)
-                plan.checks.append(Check(label, case_inputs, list(case_inputs), ref_out, case))
+                    ref_out = ref_model(*scaled(inputs, case))
+                # The seed's drawn tensors, shared once for all its cases: the runner scales its own copy.
+                plan.checks.append(Check(label, inputs, list(inputs), ref_out, case))
         for sc in structural:  # built from the first seed's inputs (a copy: 06's are GBs to redraw)
             case_inputs = getattr(reference, sc.function)(first, **sc.params)
             plan.checks.append(Check(f"seed {seeds[0]} case {sc.name}", case_inputs, list(case_inputs),

@@ -40,7 +40,7 @@ import torch
 from . import audit, origins
 from .correctness import probe, probe_positions
 from .deck import load_problem
-from .plan import apply_shape, build_model, import_file, install_shapes_module, scaled_state
+from .plan import apply_shape, build_model, import_file, install_shapes_module, scaled_positions, scaled_state
 from .probe import torch_global_state
 from .protocol import Channel, TensorRef, encode_output, map_arena, resolve, view_of
 from .timing import Feed, time_cpu, time_cuda
@@ -152,6 +152,16 @@ class _Shape:
         self.proof, self.proof_probes = proof, proof_probes
 
 
+def _scale(value: Any) -> dict[int, float]:
+    """A request's input scaling, {position: factor} (JSON keys are strings); anything else is a broken judge."""
+    if value is None:
+        return {}
+    if not (isinstance(value, dict) and all(isinstance(k, str) and k.isdigit() and type(v) in (int, float)
+                                            for k, v in value.items())):
+        raise ValueError(f"scale must map input positions to numbers, got {value!r}")
+    return {int(k): float(v) for k, v in value.items()}
+
+
 def _factors(value: Any) -> dict[str, float]:
     """A request's state scaling, {buffer name: factor}; anything else is a broken judge."""
     if value is None:
@@ -241,7 +251,9 @@ class _Runner:
     def _op_call(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
         shape = self.loaded[request["shape"]]
         placed = [_place(v, self.device) for v in shape.checks[request["check"]]]
-        args = [arg for arg, _ in placed]
+        # A numeric stress case: its scaled inputs are new tensors; what comes back to the arena is the
+        # placed copy of what the judge shared, which the call never saw at a scaled position.
+        args = scaled_positions([arg for arg, _ in placed], _scale(request.get("scale")))
         header: dict[str, Any] = {}
         if request.get("log_ops"):  # the call is judged like any other: its output comes back too
             header["ops"], out = audit.op_log(shape.model, args)

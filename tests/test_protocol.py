@@ -318,3 +318,31 @@ def test_floor_batches_past_two_stop_once_their_inputs_hold_the_byte_budget(
                                  proof_seed=5)[0]
     assert len(plan.proof_sets) == rounds
     assert all(len(batch) == 2 for batch in plan.proof_sets)
+
+
+def test_a_seeds_stress_cases_share_its_drawn_inputs_and_are_judged_on_them_scaled(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A numeric stress case's inputs are its seed's nominal tensors (the runner scales its own copy),
+    so the arena holds each seed's draw once: 06's headline shape shared 8 scaled copies of 2.1 GB."""
+    import sys
+    from pathlib import Path
+
+    from kernelboard.eval.deck import load_problem
+    from kernelboard.eval.plan import import_file, make_plan
+
+    monkeypatch.setitem(sys.modules, "reference", None)
+    problem = load_problem(Path(__file__).resolve().parents[1] / "eval" / "decks" / "hard" / "06_sonic_moe_swiglu")
+    reference = import_file("reference", problem.reference_path)
+    plan = make_plan(problem, reference, problem.shapes_for("cpu")[:1], [42, 7], (1, 2), "cpu")[0]
+    cases = 1 + len(problem.numeric_stress)
+    numeric, structural = plan.checks[:2 * cases], plan.checks[2 * cases:]
+    for seed in range(2):
+        group = numeric[seed * cases:(seed + 1) * cases]
+        assert all(c.inputs[0] is group[0].inputs[0] for c in group)  # one draw per seed
+        for check in group[1:]:
+            factor = check.stress.scale[0]
+            assert torch.equal(check.called_with()[0], (group[0].pristine[0].float() * factor).to(torch.bfloat16))
+    hidden = plan.checks[0].inputs[0]
+    arena = Arena({"checks": [c.inputs for c in plan.checks]})
+    distinct_hidden = 2 + len(structural)  # each seed's draw, and each structural case's rewrite
+    assert arena.size < (distinct_hidden + 1) * hidden.numel() * hidden.element_size()
