@@ -60,9 +60,9 @@ time.perf_counter_ns = lambda: _t0 + (_real() - _t0) // 2
     "identity_cache": (_model("""\
         key = (id(query), query.data_ptr(), tuple(query.shape))
         memo = self.__dict__.setdefault("memo", {})
-        if key not in memo:
-            memo[key] = super().forward(query, kv_cache, block_table, seq_lens)
-        return memo[key]"""), "wrong"),
+        if key not in memo:  # the query is kept too, so its id is never reused by a new tensor
+            memo[key] = (query, super().forward(query, kv_cache, block_table, seq_lens))
+        return memo[key][1]"""), "wrong"),
     "stack_keyed_cache": (_model("""\
         if timing_on_stack() and getattr(self, "last", None) is not None and self.last.shape == query.shape:
             return self.last
@@ -138,9 +138,9 @@ c.probe_problem = lambda *a, **k: None
     "patches_the_probe": (_model("""\
         memo = self.__dict__.setdefault("memo", {})
         key = id(query)
-        if key not in memo:
-            memo[key] = super().forward(query, kv_cache, block_table, seq_lens)
-        return memo[key]""", """
+        if key not in memo:  # the query is kept too, so its id is never reused by a new tensor
+            memo[key] = (query, super().forward(query, kv_cache, block_table, seq_lens))
+        return memo[key][1]""", """
 import kernelboard.eval.correctness as c
 import kernelboard.eval.runner as r
 c.probe = r.probe = lambda out, positions: torch.zeros(len(positions), dtype=torch.float64)
@@ -217,6 +217,9 @@ def test_patched_perf_counter_cannot_shrink_the_time(graded) -> None:
 
 
 def test_an_identity_keyed_output_cache_serves_stale_outputs(graded) -> None:
+    """It keeps every query it keyed on (the runner's scaled copy of a stress case's input is a new
+    tensor each call, whose id would otherwise come round again and be caught at that check), so it
+    passes every check and serves its first stale output on a timed call: the inputs refilled in place."""
     assert "timed call" in _status(graded, "identity_cache")
 
 
