@@ -4,7 +4,7 @@ The fingerprint hashes the *contents* (never mtimes) of: every file under `DATA/
 logs) and `DATA/annotations`, `DATA/README.md` (the data page), every file of `DATA/submissions` but
 run.yaml (solution.py and its sidecars), every file under the decks folder, `templates/`, `static/`,
 `docs/methodology.md`, the checkout's `data/README.md` and the site generator's own source, plus the
-kernelboard version, the versions of the packages whose output lands in the pages (plotly.js, Pygments,
+kernelboard version, the versions of the packages whose output lands in the pages (plotly.js,
 Jinja2, markdown-it, pyarrow), the `--base-url` option, the repository the footer links to
 (`repository.repository_url`) and `SOURCE_DATE_EPOCH`. It is written into the built site's marker file;
 `build_site` compares it with the marker of the site already in `--out`.
@@ -29,7 +29,7 @@ _SOURCE = Path(__file__).resolve().parent.parent
 SOURCE_INPUTS = (_SOURCE / "templates", _SOURCE / "static", _SOURCE / "docs" / "methodology.md",
                  _SOURCE / "data" / "README.md", Path(__file__).resolve().parent)
 #: Packages whose version changes the bytes of the built site.
-_PACKAGES = ("plotly", "pygments", "jinja2", "markdown-it-py", "pyarrow")
+_PACKAGES = ("plotly", "jinja2", "markdown-it-py", "pyarrow")
 #: The line of the marker file that carries the fingerprint.
 PREFIX = "fingerprint: "
 

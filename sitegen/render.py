@@ -27,7 +27,6 @@ from kernelboard.errors import KernelboardError
 from . import fingerprint as fp
 from .exports import Exports
 from .format import FILTERS
-from .highlight import HighlightCache, pygments_css
 from .load import SiteData, load_site
 from .output import (
     PARALLEL_MIN_PAGES,
@@ -84,17 +83,6 @@ class BuildReport:
         return f"built {self.pages} pages in {self.seconds:.2f} s → {self.out_dir}"
 
 
-def default_cache_dir() -> Path:
-    """Where highlighted sources are cached between builds: $KERNELBOARD_CACHE, else
-    $XDG_CACHE_HOME/kernelboard, else ~/.cache/kernelboard (never inside the published site). Entries are
-    keyed by content hash, so sites built from different data share it safely."""
-    explicit = os.environ.get("KERNELBOARD_CACHE")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "kernelboard"
-
-
 def is_unchanged(out_dir: Path, fingerprint: str) -> bool:
     """Whether `out_dir` holds a complete previous build made from inputs with this fingerprint."""
     out_dir = Path(out_dir)
@@ -142,13 +130,13 @@ def _last_updated(data: SiteData) -> datetime | None:
 
 
 def _assets(fingerprint: str | None = None) -> dict[str, bytes]:
-    """static/ as is (the Plotly bundle is vendored there: static/plotly.README.md), plus the Pygments CSS."""
+    """static/ as is (Plotly and highlight.js are vendored there: static/plotly.README.md,
+    static/highlight/README.md), plus the marker file."""
     if not TEMPLATES_DIR.is_dir() or not STATIC_DIR.is_dir():
         raise KernelboardError(f"no templates/ or static/ beside {_SOURCE / 'sitegen'}: "
                                "the site builds from a source checkout (pip install -e .)")
     files = {f"static/{p.relative_to(STATIC_DIR).as_posix()}": p.read_bytes()
              for p in sorted(STATIC_DIR.rglob("*")) if p.is_file()}
-    files["static/pygments.css"] = pygments_css().encode()
     files[MARKER] = (_MARKER_TEXT + (f"{fp.PREFIX}{fingerprint}\n" if fingerprint else "")).encode()
     return files
 
@@ -171,12 +159,11 @@ def _render(env: Environment, page: Page, site: dict[str, Any], base_url: str | 
 def render_all(data: SiteData, env: Environment | None = None, base_url: str | None = None) -> dict[str, bytes]:
     """Every page rendered in memory, in one process: output path -> bytes. `base_url` (absolute, ending
     in '/') gives pages their og:url; without it pages carry no absolute address. `build_site` renders
-    the same bytes, spread over worker processes that write as they go. Sources are highlighted through
-    a cache of this call's own (in memory), and the exports the downloads page lists are made for this
-    call alone and not returned."""
+    the same bytes, spread over worker processes that write as they go. The exports the downloads page
+    lists are made for this call alone and not returned."""
     env = env or make_env()
     site = _site(data, base_url)
-    pages = plan(data, highlight=HighlightCache(), exports=Exports(data.table_files))
+    pages = plan(data, exports=Exports(data.table_files))
     return {page.path: _render(env, page, site, base_url) for page in pages}
 
 
@@ -190,7 +177,7 @@ def _check_out_dir(out_dir: Path) -> None:
 
 
 def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | None = None, *,
-               force: bool = False, cache_dir: Path | bool | None = True, jobs: int | None = None) -> BuildReport:
+               force: bool = False, jobs: int | None = None) -> BuildReport:
     """Load, validate and render everything, then replace `out_dir` with the new site in one rename.
 
     With `base_url` (the site's absolute address, see `views_meta.normalize_base_url`) the build also
@@ -198,8 +185,7 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
 
     Every input is fingerprinted (`fingerprint.fingerprint`) into the marker file; when `out_dir`
     already holds a build with the same fingerprint, nothing is done and the report says `unchanged`
-    (`force=True` builds anyway). Highlighted sources are cached by content hash in `cache_dir`
-    (default: `default_cache_dir()`; False: no disk cache).
+    (`force=True` builds anyway).
 
     Pages render and are written by `jobs` forked workers (`output.Workers`; default: every CPU this
     process may use once the site has `output.PARALLEL_MIN_PAGES` pages, else one process). The bytes
@@ -227,10 +213,8 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
     base_url = normalize_base_url(base_url)
     _check_out_dir(out_dir)
     sweep(out_dir)
-    folder = default_cache_dir() if cache_dir is True else (Path(cache_dir) if cache_dir else None)
-    cache = HighlightCache(folder / "highlight" if folder is not None else None)
     exports = Exports(data.table_files)
-    pages = plan(data, highlight=cache, exports=exports)
+    pages = plan(data, exports=exports)
     large = len(pages) >= PARALLEL_MIN_PAGES
     if jobs is None:
         jobs = default_jobs() if large else 1
@@ -238,23 +222,22 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
     new, spare = adopted if adopted is not None else (new_folder(out_dir), None)
     try:
         with Workers(jobs) as workers:
-            n_files = _write_site(data, pages, exports, base_url, fingerprint, new, workers, cache, spare)
+            n_files = _write_site(data, pages, exports, base_url, fingerprint, new, workers, spare)
             swap_in(new, out_dir, workers, keep_spare=large)
     except BaseException:
         discard(new, out_dir, MARKER, keep_spare=large)
         raise
-    cache.prune()
     return BuildReport(out_dir, len(pages), n_files, time.perf_counter() - started)
 
 
 def _write_site(data: SiteData, pages: list[Page], exports: Exports, base_url: str | None, fingerprint: str,
-                new: Path, workers: Workers, cache: HighlightCache, spare: Spare | None = None) -> int:
+                new: Path, workers: Workers, spare: Spare | None = None) -> int:
     """Render every page into `new` (spread over `workers`), then the rest of the site; returns the
     number of files. Each run's solution, as the grader read it, lies beside its page (the run page's
     "raw solution.py" link) and is written by the worker that renders the page. The export step (the
     CSV and JSON of `exports`, the slowest meta files to make) runs in a worker too, in parallel with
     the other pages, and right before the page that lists their sizes, so they are made once.
-    `cache`: the highlight cache the planned pages render through. `spare`: what `new` already holds
+    `spare`: what `new` already holds
     (a previous site, see `output.adopt_spare`); what the new site lacks is removed first."""
     env = make_env()
     site = _site(data, base_url)
@@ -269,10 +252,8 @@ def _write_site(data: SiteData, pages: list[Page], exports: Exports, base_url: s
         solutions = (path.removesuffix("index.html") + "solution.py" for path in raw)
         spare = clear_stale(new, spare, [*(p.path for p in pages), *solutions, *rest, *exports.names])
 
-    def write_page(i: int) -> tuple[int, frozenset[str], int, int]:
+    def write_page(i: int) -> int:
         page = pages[i]
-        cache.used.clear()
-        hits, misses = cache.hits, cache.misses
         # the export step, in the process that renders the page listing the exports (which reads them)
         files = sorted(exports.files().items()) if page.kind == LISTS_EXPORTS else []
         files.append((page.path, _render(env, page, site, base_url)))
@@ -280,10 +261,8 @@ def _write_site(data: SiteData, pages: list[Page], exports: Exports, base_url: s
             files.append((page.path.removesuffix("index.html") + "solution.py",
                           data.solutions[raw[page.path]].encode()))
         write_files(new, files, made, spare)
-        return len(files), frozenset(cache.used), cache.hits - hits, cache.misses - misses
+        return len(files)
 
     done = workers.map_indices(write_page, len(pages))
-    cache.used = set().union(*(used for _, used, _, _ in done))
-    cache.hits, cache.misses = sum(d[2] for d in done), sum(d[3] for d in done)
     write_files(new, sorted(rest.items()), made, spare)
-    return sum(d[0] for d in done) + len(rest)
+    return sum(done) + len(rest)
