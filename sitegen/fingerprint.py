@@ -33,7 +33,7 @@ _PACKAGES = ("plotly", "jinja2", "markdown-it-py", "pyarrow")
 #: The line of the marker file that carries the fingerprint.
 PREFIX = "fingerprint: "
 
-__all__ = ["PREFIX", "fingerprint", "recorded"]
+__all__ = ["GROUPS", "PREFIX", "combined", "digests", "fingerprint", "recorded"]
 
 
 def _files(root: Path, skip: str | None = None) -> list[tuple[str, Path]]:
@@ -59,30 +59,50 @@ def _version(package: str) -> str:
         return "-"
 
 
-def fingerprint(data_dir: Path, decks_dir: Path, base_url: str | None) -> str:
-    """A hex digest that changes when any input of the build changes (contents, not timestamps)."""
+#: Which inputs each digest of `digests` covers: the site's own code and settings and the decks, every
+#: page reads; the tables (with logs, annotations and the data README), every page but run pages reads
+#: whole; the submissions, only run pages read, each its own (`page_keys` keys run pages per run).
+GROUPS = {"site": ("source:*",), "decks": ("decks",), "tables": ("results", "annotations", "readme"),
+          "submissions": ("submissions",)}
+
+
+def digests(data_dir: Path, decks_dir: Path, base_url: str | None) -> dict[str, str]:
+    """One hex digest per group of inputs (`GROUPS`; the header of versions and settings counts as
+    "site"): each changes when any file of its group changes (contents, not timestamps)."""
     data_dir, decks_dir = Path(data_dir), Path(decks_dir)
-    digest = hashlib.sha256()
     url = (base_url or "").strip()
     header = [f"kernelboard {__version__}", f"base_url {url.rstrip('/') + '/' if url else ''}",
               f"SOURCE_DATE_EPOCH {os.environ.get('SOURCE_DATE_EPOCH', '')}",
               f"repository {repository_url() or ''}",
               *(f"{p} {_version(p)}" for p in _PACKAGES)]
-    digest.update("\n".join(header).encode())
-    roots = [("results", data_dir / "results", None), ("annotations", data_dir / "annotations", None),
-             ("readme", data_dir / "README.md", None),
-             ("submissions", data_dir / "submissions", "run.yaml"), ("decks", decks_dir, None),
-             *((f"source:{p.name}", p, None) for p in SOURCE_INPUTS)]
-    for group, root, skip in roots:
+    hashes = {group: hashlib.sha256() for group in GROUPS}
+    hashes["site"].update("\n".join(header).encode())
+    roots = [("tables", "results", data_dir / "results", None),
+             ("tables", "annotations", data_dir / "annotations", None),
+             ("tables", "readme", data_dir / "README.md", None),
+             ("submissions", "submissions", data_dir / "submissions", "run.yaml"), ("decks", "decks", decks_dir, None),
+             *(("site", f"source:{p.name}", p, None) for p in SOURCE_INPUTS)]
+    for group, part, root, skip in roots:
+        digest = hashes[group]
         for name, path in _files(root, skip):
             if path.is_symlink():  # hashed as the link, never followed (a loop, or /etc/passwd)
                 content = b"symlink\0" + os.fsencode(os.readlink(path))
             else:
                 with open(path, "rb") as f:
                     content = f.read()
-            digest.update(f"\0{group}\0{name}\0{len(content)}\0".encode())
+            digest.update(f"\0{part}\0{name}\0{len(content)}\0".encode())
             digest.update(content)
-    return digest.hexdigest()
+    return {group: h.hexdigest() for group, h in hashes.items()}
+
+
+def combined(parts: dict[str, str]) -> str:
+    """The one fingerprint of a build, from its `digests`."""
+    return hashlib.sha256("".join(f"{k} {v}\n" for k, v in sorted(parts.items())).encode()).hexdigest()
+
+
+def fingerprint(data_dir: Path, decks_dir: Path, base_url: str | None) -> str:
+    """A hex digest that changes when any input of the build changes (contents, not timestamps)."""
+    return combined(digests(data_dir, decks_dir, base_url))
 
 
 def recorded(out_dir: Path, marker: str) -> str | None:

@@ -19,6 +19,7 @@ rewrites only the files whose bytes change, so a rebuild creates and deletes alm
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import multiprocessing
@@ -26,13 +27,13 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["Spare", "Workers", "adopt_spare", "clear_stale", "default_jobs", "discard", "new_folder", "swap_in",
-           "sweep", "write_files"]
+__all__ = ["Spare", "Workers", "adopt_spare", "clear_stale", "default_jobs", "discard", "mirror_spare", "new_folder",
+           "swap_in", "sweep", "write_files"]
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -58,20 +59,24 @@ def default_jobs() -> int:
 
 
 def write_files(root: Path, files: Iterable[tuple[str, bytes]], made: set[str] | None = None,
-                recycled: Spare | None = None) -> int:
-    """Write each (relative path, bytes) under `root`, making folders as needed; returns bytes written.
+                recycled: Spare | None = None) -> list[str]:
+    """Write each (relative path, bytes) under `root`, making folders as needed; returns the paths written.
     `made` remembers the folders this process already made, so each is created (or checked) once. A
-    file that `recycled` lists is rewritten in place, and only when its bytes differ: no new inode."""
+    file that `recycled` lists is left alone when its bytes are the same, and otherwise replaced by a new
+    file (written aside, renamed over it): it may be a hard link to the published site, which a build
+    never changes."""
     made = set() if made is None else made
-    total = 0
+    written = []
     for rel, content in files:
         if recycled is not None and rel in recycled.files:
-            with open(root / rel, "r+b") as f:
-                if f.read() != content:
-                    f.seek(0)
-                    f.truncate()
-                    f.write(content)
-            total += len(content)
+            with open(root / rel, "rb") as f:
+                if f.read() == content:
+                    continue
+            tmp = root / f"{rel}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(content)
+            os.replace(tmp, root / rel)
+            written.append(rel)
             continue
         folder = os.path.dirname(rel)
         if folder not in made and (recycled is None or folder not in recycled.folders):
@@ -79,8 +84,8 @@ def write_files(root: Path, files: Iterable[tuple[str, bytes]], made: set[str] |
             made.add(folder)
         with open(root / rel, "wb") as f:
             f.write(content)
-        total += len(content)
-    return total
+        written.append(rel)
+    return written
 
 
 def _run_span(span: tuple[int, int]) -> list[Any]:
@@ -157,15 +162,18 @@ def new_folder(out_dir: Path) -> Path:
 
 @dataclass(frozen=True)
 class Spare:
-    """A previous site taken over as the next build's folder: its files are rewritten in place (only those
-    whose bytes change) instead of creating thirty thousand new files and deleting as many old ones.
+    """The spare copy of the published site, taken over as the next build's folder: the build replaces
+    only the files whose bytes change, instead of creating thirty thousand new files and deleting as many.
 
-    On ext4 without a journal (this machine's disk) creating a file right after many were deleted is
-    slow: the inode allocator skips every inode freed in the last minutes, one by one, so a build that
-    followed the previous build's removal spent most of its time in the kernel. Paths are relative,
-    '/'-separated; `folders` includes '' (the root)."""
+    The spare's files are hard links to the published site's (`mirror_spare`), so it costs folders, not a
+    second copy of the site; a page whose inputs did not change is not even rendered when its file here
+    is the published file itself (`files` maps each path to its inode). On ext4 without a journal (this
+    machine's disk) creating a file right after many were deleted is slow: the inode allocator skips every
+    inode freed in the last minutes, one by one, so a build that followed the previous build's removal
+    spent most of its time in the kernel. Paths are relative, '/'-separated; `folders` includes '' (the
+    root)."""
 
-    files: frozenset[str]
+    files: Mapping[str, int]
     folders: frozenset[str]
 
 
@@ -185,7 +193,8 @@ def adopt_spare(out_dir: Path, marker: str) -> tuple[Path, Spare] | None:
         return None
     new = new_folder(out_dir)
     os.rename(spare, new)  # replaces the empty fresh folder: its unique name, the spare's inodes
-    files, folders = set(), {""}
+    files: dict[str, int] = {}
+    folders = {""}
     stack = [""]
     while stack:
         rel = stack.pop()
@@ -196,28 +205,90 @@ def adopt_spare(out_dir: Path, marker: str) -> tuple[Path, Spare] | None:
                     folders.add(name)
                     stack.append(name)
                 elif e.is_file(follow_symlinks=False):
-                    files.add(name)
+                    files[name] = e.inode()
                 else:
                     os.unlink(e.path)
-    return new, Spare(frozenset(files), frozenset(folders))
+    return new, Spare(files, frozenset(folders))
 
 
-def clear_stale(root: Path, spare: Spare, wanted: Iterable[str]) -> Spare:
+def clear_stale(root: Path, spare: Spare, wanted: Iterable[str]) -> tuple[Spare, list[str]]:
     """Remove what the adopted spare holds that the next site does not (files it will not write, folders
-    nothing lands in); returns what stays, for `write_files` to rewrite in place."""
+    nothing lands in); returns what stays, for `write_files` to rewrite, and what was removed."""
     wanted = set(wanted)
     needed = {""}
     for rel in wanted:
         while (rel := os.path.dirname(rel)) not in needed:
             needed.add(rel)
+    removed = []
     for rel in sorted(spare.folders - needed, key=len):
         if os.path.isdir(root / rel):  # not removed with a folder above it
             shutil.rmtree(root / rel)
-    kept = spare.files & wanted
-    for rel in spare.files - wanted:
+            removed.append(rel)
+    kept = {rel: ino for rel, ino in spare.files.items() if rel in wanted}
+    for rel in spare.files.keys() - wanted:
         if os.path.dirname(rel) in needed:
             os.unlink(root / rel)
-    return Spare(frozenset(kept), frozenset(spare.folders & needed))
+            removed.append(rel)
+    return Spare(kept, frozenset(spare.folders & needed)), removed
+
+
+def mirror_spare(out_dir: Path, written: Iterable[str] | None, removed: Iterable[str] = ()) -> None:
+    """Make the spare beside `out_dir` hold the published site as hard links, after `swap_in` made the
+    previous site the spare: each file of `written` (this build's new files; None: every file) is linked
+    in over the old one, and what `removed` names goes. With no spare (a first build) the spare is made,
+    folders and links. Links cost no file data, so the site and its spare take one copy of the bytes.
+
+    Best effort: the next build trusts a spare file only where it is the published file itself (the
+    same inode, `_Build.plan_writes`), so a mirror left half done costs renders, never a wrong page; on an
+    error the spare is dropped."""
+    spare = _spare_path(out_dir)
+    try:
+        if not spare.is_dir() or spare.is_symlink():
+            tmp = new_folder(out_dir)
+            _link_files(out_dir, tmp, _walk_files(out_dir))
+            os.rename(tmp, spare)
+            return
+        for rel in removed:
+            target = spare / rel
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    target.unlink()
+        _link_files(out_dir, spare, _walk_files(out_dir) if written is None else written)
+    except OSError:
+        shutil.rmtree(spare, ignore_errors=True)
+
+
+def _walk_files(root: Path) -> list[str]:
+    files, stack = [], [""]
+    while stack:
+        rel = stack.pop()
+        with os.scandir(root / rel) as entries:
+            for e in entries:
+                name = f"{rel}/{e.name}" if rel else e.name
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(name)
+                elif e.is_file(follow_symlinks=False):
+                    files.append(name)
+    return files
+
+
+def _link_files(src: Path, dst: Path, files: Iterable[str]) -> None:
+    """Hard-link each file of `src` into `dst`, over whatever is there (a folder in the way goes)."""
+    made: set[str] = set()
+    for rel in files:
+        folder = os.path.dirname(rel)
+        if folder not in made:
+            os.makedirs(dst / folder, exist_ok=True)
+            made.add(folder)
+        tmp = dst / f"{rel}.{os.getpid()}.link"
+        os.link(src / rel, tmp)
+        try:
+            os.replace(tmp, dst / rel)
+        except IsADirectoryError:
+            shutil.rmtree(dst / rel)
+            os.replace(tmp, dst / rel)
 
 
 def _subfolders(root: Path, depth: int) -> Iterator[str]:

@@ -16,7 +16,7 @@ from typing import Any
 from . import views, views_efficiency, views_meta, views_models, views_runs
 from .exports import Exports
 from .fastest import FastestLines
-from .load import SiteData
+from .load import Result, SiteData
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,7 @@ class Page:
     kind: str
     path: str
     make_context: Callable[[], dict[str, Any]]
+    result: Result | None = None  # a run page's graded run: what `page_keys` keys it by
 
     def context(self) -> dict[str, Any]:
         return self.make_context()
@@ -103,7 +104,7 @@ def plan(data: SiteData, *, exports: Exports | None = None) -> list[Page]:
     lines = FastestLines(data.baselines)  # each shape's fastest baseline, shared by every run page
     for result in data.results:
         pages.append(Page("run", page_path("run", gpu=result.gpu, run_id=result.run_id),
-                          partial(views.run, data, result, lines)))
+                          partial(views.run, data, result, lines), result))
     if data.results:  # score against spend per board; with nothing graded the site is the home page alone
         pages.append(Page("efficiency", page_path("efficiency"), partial(views_efficiency.efficiency, data)))
     if data.runs:  # every run (filterable), one leaderboard page per GPU, the models index, one page per model

@@ -36,11 +36,13 @@ from .output import (
     clear_stale,
     default_jobs,
     discard,
+    mirror_spare,
     new_folder,
     swap_in,
     sweep,
     write_files,
 )
+from .page_keys import MANIFEST, manifest_bytes, page_keys, read_manifest
 from .pages import LISTS_EXPORTS, Page, link, page_path, plan
 from .repository import repository_url
 from .views_meta import (
@@ -75,6 +77,7 @@ class BuildReport:
     files: int
     seconds: float
     unchanged: bool = False
+    rendered: int | None = None  # pages rendered (the others were unchanged); None: every page
 
     def summary(self) -> str:
         if self.unchanged:
@@ -178,18 +181,21 @@ def _check_out_dir(out_dir: Path) -> None:
 
 def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | None = None, *,
                force: bool = False, jobs: int | None = None) -> BuildReport:
-    """Load, validate and render everything, then replace `out_dir` with the new site in one rename.
+    """Load, validate and render what changed, then replace `out_dir` with the new site in one rename.
 
     With `base_url` (the site's absolute address, see `views_meta.normalize_base_url`) the build also
     writes sitemap.xml and gives pages og:url; robots.txt is always written.
 
-    Every input is fingerprinted (`fingerprint.fingerprint`) into the marker file; when `out_dir`
-    already holds a build with the same fingerprint, nothing is done and the report says `unchanged`
-    (`force=True` builds anyway).
+    Every input is fingerprinted (`fingerprint.digests`) into the marker file; when `out_dir` already
+    holds a build with the same fingerprint, nothing is done and the report says `unchanged`. Otherwise
+    each page is keyed by what it renders from (`page_keys`), and a large site (`output.PARALLEL_MIN_PAGES`
+    pages or more) renders only the pages whose key changed: the others are already in its spare, hard
+    links to the published files (`output.adopt_spare`). `force=True` builds anyway and renders every
+    page (files whose bytes did not change are still not rewritten).
 
     Pages render and are written by `jobs` forked workers (`output.Workers`; default: every CPU this
-    process may use once the site has `output.PARALLEL_MIN_PAGES` pages, else one process). The bytes
-    are the same however many.
+    process may use when `output.PARALLEL_MIN_PAGES` pages or more are to render, else one process).
+    The bytes are the same however many.
 
     Raises `DataError` or `DeckError` for bad input (nothing is written), and `KernelboardError`
     when `out_dir` is something other than a previous build.
@@ -198,15 +204,17 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
     out_dir = Path(out_dir)
     if force or fp.recorded(out_dir, MARKER) is None:  # nothing to compare with: hash while loading
         hashing = ThreadPoolExecutor(1, thread_name_prefix="fingerprint")
-        later = hashing.submit(fp.fingerprint, Path(data_dir), Path(decks_dir), base_url)
+        later = hashing.submit(fp.digests, Path(data_dir), Path(decks_dir), base_url)
         hashing.shutdown(wait=False)
         try:
             data = load_site(Path(data_dir), Path(decks_dir))
         finally:
             later.exception()  # waits: the thread is done before the workers fork or a load error leaves
-        fingerprint = later.result()
+        parts = later.result()
+        fingerprint = fp.combined(parts)
     else:
-        fingerprint = fp.fingerprint(Path(data_dir), Path(decks_dir), base_url)
+        parts = fp.digests(Path(data_dir), Path(decks_dir), base_url)
+        fingerprint = fp.combined(parts)
         if is_unchanged(out_dir, fingerprint):
             return BuildReport(out_dir, 0, 0, time.perf_counter() - started, unchanged=True)
         data = load_site(Path(data_dir), Path(decks_dir))
@@ -215,54 +223,98 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
     sweep(out_dir)
     exports = Exports(data.table_files)
     pages = plan(data, exports=exports)
+    site = _site(data, base_url)
+    keys = page_keys(pages, data, parts, site)
     large = len(pages) >= PARALLEL_MIN_PAGES
-    if jobs is None:
-        jobs = default_jobs() if large else 1
     adopted = adopt_spare(out_dir, MARKER) if large else None
     new, spare = adopted if adopted is not None else (new_folder(out_dir), None)
     try:
+        build = _Build(data, pages, exports, site, base_url, fingerprint, keys, new)
+        todo, removed = build.plan_writes(out_dir, spare, {} if force else read_manifest(out_dir))
+        if jobs is None:
+            jobs = default_jobs() if len(todo) >= PARALLEL_MIN_PAGES else 1
         with Workers(jobs) as workers:
-            n_files = _write_site(data, pages, exports, base_url, fingerprint, new, workers, spare)
+            written = build.write(todo, workers)
             swap_in(new, out_dir, workers, keep_spare=large)
     except BaseException:
         discard(new, out_dir, MARKER, keep_spare=large)
         raise
-    return BuildReport(out_dir, len(pages), n_files, time.perf_counter() - started)
+    if large:  # the previous site, now the spare, takes the new files as hard links
+        mirror_spare(out_dir, written if spare is not None else None, removed)
+    return BuildReport(out_dir, len(pages), build.n_files, time.perf_counter() - started, rendered=len(todo))
 
 
-def _write_site(data: SiteData, pages: list[Page], exports: Exports, base_url: str | None, fingerprint: str,
-                new: Path, workers: Workers, spare: Spare | None = None) -> int:
-    """Render every page into `new` (spread over `workers`), then the rest of the site; returns the
-    number of files. Each run's solution, as the grader read it, lies beside its page (the run page's
-    "raw solution.py" link) and is written by the worker that renders the page. The export step (the
-    CSV and JSON of `exports`, the slowest meta files to make) runs in a worker too, in parallel with
-    the other pages, and right before the page that lists their sizes, so they are made once.
-    `spare`: what `new` already holds
-    (a previous site, see `output.adopt_spare`); what the new site lacks is removed first."""
-    env = make_env()
-    site = _site(data, base_url)
-    raw = {page_path("run", gpu=r.gpu, run_id=r.run_id): r.run_id for r in data.results if r.run_id in data.solutions}
-    made: set[str] = set()
-    tables = {rel: path.read_bytes() for rel, path in sorted(data.table_files.items())}
-    meta = {"robots.txt": robots(base_url)}
-    if base_url is not None:
-        meta["sitemap.xml"] = sitemap(base_url, [p.path for p in pages])
-    rest = {**_assets(fingerprint), **tables, **meta}
-    if spare is not None:
-        solutions = (path.removesuffix("index.html") + "solution.py" for path in raw)
-        spare = clear_stale(new, spare, [*(p.path for p in pages), *solutions, *rest, *exports.names])
+class _Build:
+    """One build's output: every page and file of the new site, and which of them to render and write.
 
-    def write_page(i: int) -> int:
-        page = pages[i]
-        # the export step, in the process that renders the page listing the exports (which reads them)
-        files = sorted(exports.files().items()) if page.kind == LISTS_EXPORTS else []
-        files.append((page.path, _render(env, page, site, base_url)))
-        if page.path in raw:
-            files.append((page.path.removesuffix("index.html") + "solution.py",
-                          data.solutions[raw[page.path]].encode()))
-        write_files(new, files, made, spare)
-        return len(files)
+    Each run's solution, as the grader read it, lies beside its page (the run page's "raw solution.py"
+    link) and is written by the worker that renders the page. The export step (the CSV and JSON of
+    `exports`, the slowest meta files to make) runs in a worker too, in parallel with the other pages,
+    and right before the page that lists their sizes, so they are made once."""
 
-    done = workers.map_indices(write_page, len(pages))
-    write_files(new, sorted(rest.items()), made, spare)
-    return sum(done) + len(rest)
+    def __init__(self, data: SiteData, pages: list[Page], exports: Exports, site: dict[str, Any],
+                 base_url: str | None, fingerprint: str, keys: dict[str, str], new: Path) -> None:
+        self.data, self.pages, self.exports, self.site, self.base_url = data, pages, exports, site, base_url
+        self.keys, self.new = keys, new
+        self.raw = {page_path("run", gpu=r.gpu, run_id=r.run_id): r.run_id
+                    for r in data.results if r.run_id in data.solutions}
+        tables = {rel: path.read_bytes() for rel, path in sorted(data.table_files.items())}
+        meta = {"robots.txt": robots(base_url), MANIFEST: manifest_bytes(keys)}
+        if base_url is not None:
+            meta["sitemap.xml"] = sitemap(base_url, [p.path for p in pages])
+        self.rest = {**_assets(fingerprint), **tables, **meta}
+        self.n_files = len(pages) + len(self.raw) + len(self.rest) + len(exports.names)
+        self.spare: Spare | None = None  # what `new` holds that this build keeps (`plan_writes`)
+
+    def files_of(self, page: Page) -> list[str]:
+        """The files one page's task writes: the page, its raw solution.py, the exports it lists."""
+        own = [page.path]
+        if page.path in self.raw:
+            own.append(page.path.removesuffix("index.html") + "solution.py")
+        if page.kind == LISTS_EXPORTS:
+            own += self.exports.names
+        return own
+
+    def plan_writes(self, out_dir: Path, spare: Spare | None, previous: dict[str, str]) -> tuple[list[int], list[str]]:
+        """Which pages to render (indices), and what was removed from the adopted `spare` because the new
+        site lacks it. A page is skipped when its key is the one the published site was built with and
+        every file it writes is already in `spare` as the published file itself (the same inode)."""
+        if spare is None:
+            return list(range(len(self.pages))), []
+        wanted = [f for page in self.pages for f in self.files_of(page)] + [*self.rest]
+        kept, removed = clear_stale(self.new, spare, wanted)
+        self.spare = kept
+        todo = []
+        for i, page in enumerate(self.pages):
+            if previous.get(page.path) != self.keys[page.path] or not all(
+                    kept.files.get(rel) == _inode(out_dir / rel) for rel in self.files_of(page)):
+                todo.append(i)
+        return todo, removed
+
+    def write(self, todo: list[int], workers: Workers) -> list[str]:
+        """Render and write the pages of `todo` (spread over `workers`), then the rest of the site;
+        returns the files written (new, or bytes changed)."""
+        env = make_env()
+        spare = self.spare
+        made: set[str] = set()
+
+        def write_page(j: int) -> list[str]:
+            page = self.pages[todo[j]]
+            # the export step, in the process that renders the page listing the exports (which reads them)
+            files = sorted(self.exports.files().items()) if page.kind == LISTS_EXPORTS else []
+            files.append((page.path, _render(env, page, self.site, self.base_url)))
+            if page.path in self.raw:
+                files.append((page.path.removesuffix("index.html") + "solution.py",
+                              self.data.solutions[self.raw[page.path]].encode()))
+            return write_files(self.new, files, made, spare)
+
+        done = workers.map_indices(write_page, len(todo))
+        rest = write_files(self.new, sorted(self.rest.items()), made, spare)
+        return [rel for chunk in done for rel in chunk] + rest
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.lstat(path).st_ino
+    except OSError:
+        return None
