@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LANGUAGES", "Code", "code", "language_for"]
+__all__ = ["LANGUAGES", "Code", "code", "language_for", "page_gives_back"]
 
 #: File suffix -> the highlight.js language static/code.js registers. Solutions are Python; sidecars are
 #: CUDA or C++ sources and headers, which the cpp grammar reads (C included). Any other file is shown as
@@ -43,3 +43,11 @@ class Code:
 def code(text: str, filename: str = "solution.py") -> Code:
     """`text` as the run page shows it, tagged with the language `filename` says."""
     return Code(text, language_for(filename))
+
+
+def page_gives_back(text: str) -> bool:
+    """Whether the source as the page carries it reads back as the same text, so the browser can offer
+    it as the raw file (static/code.js makes the download from the page): an HTML parser turns NUL into
+    U+FFFD, and CR into LF (sources are read as text, so they hold none). A source with either is
+    published as its own file instead; the others are not, which halves the run folders' files and bytes."""
+    return "\r" not in text and "\0" not in text

@@ -27,6 +27,7 @@ from kernelboard.errors import KernelboardError
 from . import fingerprint as fp
 from .exports import Exports
 from .format import FILTERS
+from .highlight import page_gives_back
 from .load import SiteData, load_site
 from .output import (
     PARALLEL_MIN_PAGES,
@@ -247,8 +248,9 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
 class _Build:
     """One build's output: every page and file of the new site, and which of them to render and write.
 
-    Each run's solution, as the grader read it, lies beside its page (the run page's "raw solution.py"
-    link) and is written by the worker that renders the page. The export step (the CSV and JSON of
+    A run's solution, as the grader read it, lies beside its page (the run page's "raw solution.py" link)
+    only where the page's text would not give it back (`highlight.page_gives_back`), written by the worker
+    that renders the page; elsewhere the browser makes the raw file from the page. The export step (the CSV and JSON of
     `exports`, the slowest meta files to make) runs in a worker too, in parallel with the other pages,
     and right before the page that lists their sizes, so they are made once."""
 
@@ -256,8 +258,8 @@ class _Build:
                  base_url: str | None, fingerprint: str, keys: dict[str, str], new: Path) -> None:
         self.data, self.pages, self.exports, self.site, self.base_url = data, pages, exports, site, base_url
         self.keys, self.new = keys, new
-        self.raw = {page_path("run", gpu=r.gpu, run_id=r.run_id): r.run_id
-                    for r in data.results if r.run_id in data.solutions}
+        self.raw = {page_path("run", gpu=r.gpu, run_id=r.run_id): r.run_id for r in data.results
+                    if r.run_id in data.solutions and not page_gives_back(data.solutions[r.run_id])}
         tables = {rel: path.read_bytes() for rel, path in sorted(data.table_files.items())}
         meta = {"robots.txt": robots(base_url), MANIFEST: manifest_bytes(keys)}
         if base_url is not None:

@@ -43,7 +43,7 @@ from .board import (
 )
 from .fastest import FastestLines, ShapeLines, summary
 from .format import model_slug, num, pct, speedup
-from .highlight import Code, code
+from .highlight import Code, code, page_gives_back
 from .load import CPU_KEY, Hardware, Problem, Result, SiteData
 from .run_notes import run_times, stale_claim
 
@@ -442,7 +442,9 @@ def run(data: SiteData, result: Result, lines: FastestLines | None = None) -> di
         "source_files": source_files(the_run.source),
         "trace_href": _safe_href(the_run.trace_url),
         "trace_host": urlsplit(the_run.trace_url).hostname if _safe_href(the_run.trace_url) else None,
-        "solution_href": "solution.py" if source is not None else None,
+        # the raw file: made by the browser from the page's text, or published beside the page where the
+        # page's text would not give back the same bytes (render._Build writes it then)
+        "solution_href": None if source is None else "" if page_gives_back(source) else "solution.py",
         "annotation": data.annotations.get(result.run_id),
         "log_href": f"data/results/{result.log_path}" if f"data/results/{result.log_path}" in data.table_files
         else None,

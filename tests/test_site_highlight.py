@@ -38,3 +38,18 @@ def test_the_run_page_carries_the_source_escaped_and_whole(built_site: Path, sit
     assert 'type="module"' in html and "static/code.js" in html
     if "<" in source:
         assert "&lt;" in html
+
+
+def test_a_source_the_page_cannot_give_back_is_published_as_its_file(fresh_inputs: SiteInputs, tmp_path: Path) -> None:
+    """A NUL does not survive HTML parsing (it reads back as U+FFFD), so such a solution lies beside its
+    page, linked plainly."""
+    from kernelboard.sitegen import build_site
+
+    path = fresh_inputs.data_dir / "submissions" / "hard" / PASS / "solution.py"
+    odd = path.read_bytes() + b"# a NUL: \0\n"
+    path.write_bytes(odd)
+    out = tmp_path / "dist"
+    build_site(fresh_inputs.data_dir, fresh_inputs.decks_dir, out)
+    run_dir = out / "runs" / GPU / PASS
+    assert (run_dir / "solution.py").read_bytes() == odd
+    assert "solution.py" in [a.get("href") for a in parse(run_dir / "index.html").iter("a")]
