@@ -11,14 +11,17 @@ never the submissions. So an edited solution re-renders one page, and a regraded
 few dozen aggregate pages.
 
 Keys are written into the built site (`MANIFEST`); the next build compares them (`render.build_site`).
-Run-page keys hash the loaded rows' reprs: every field is a plain value (str, float, datetime, tuple,
-dict in file order), so the same inputs give the same key in every process.
+Run-page keys hash the loaded rows pickled without the memo (`_flat`): every field is a plain value
+(str, float, datetime, tuple, dict in file order), so the same inputs give the same bytes in every
+process, and pickling is twice as fast as repr.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import pickle
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -49,9 +52,9 @@ def page_keys(pages: Iterable[Page], data: SiteData, digests: Mapping[str, str],
     page's base template reads (`render._site`)."""
     shared = _hex(digests["site"], repr(sorted(site.items())))
     aggregate = _hex(shared, digests["decks"], digests["tables"])
-    baselines: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+    baselines: dict[tuple[str, str, str], list[bytes]] = defaultdict(list)
     for b in data.baselines:
-        baselines[(b.bench, b.problem, b.gpu)].append(repr(b))
+        baselines[(b.bench, b.problem, b.gpu)].append(_flat(b))
     lines = {k: _hex(*v) for k, v in baselines.items()}
     runs_shared = _hex(shared, digests["decks"])
     keys = {}
@@ -62,13 +65,22 @@ def page_keys(pages: Iterable[Page], data: SiteData, digests: Mapping[str, str],
             continue
         run = data.runs[result.run_id]
         solution = data.solutions.get(result.run_id)
-        keys[page.path] = _hex(
-            runs_shared, page.path, repr(run), repr(result), lines.get((run.bench, run.problem, result.gpu), ""),
-            repr(data.hardware.get(result.gpu)), gpu_label(data, result.gpu),
-            repr(data.annotations.get(result.run_id)), repr(data.sidecars.get(result.run_id)),
-            "-" if solution is None else solution,
-            str(f"data/results/{result.log_path}" in data.table_files))
+        rows = (run, result, data.hardware.get(result.gpu), gpu_label(data, result.gpu),
+                data.annotations.get(result.run_id), data.sidecars.get(result.run_id),
+                f"data/results/{result.log_path}" in data.table_files)
+        keys[page.path] = _hex(runs_shared, page.path, lines.get((run.bench, run.problem, result.gpu), ""),
+                               _flat(rows), "-" if solution is None else solution)
     return keys
+
+
+def _flat(value: object) -> bytes:
+    """`value` pickled without the memo: the bytes depend on the values alone, not on which of them
+    happen to be the same object in this process."""
+    out = io.BytesIO()
+    pickler = pickle.Pickler(out, protocol=5)
+    pickler.fast = True
+    pickler.dump(value)
+    return out.getvalue()
 
 
 def read_manifest(site_dir: Path) -> dict[str, str]:

@@ -3,6 +3,10 @@ byte for byte a fresh build of the same inputs, and the spare beside the site is
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -93,3 +97,30 @@ def test_force_renders_every_page(inputs: SiteInputs, tmp_path: Path) -> None:
     first = build_site(inputs.data_dir, inputs.decks_dir, out)
     again = build_site(inputs.data_dir, inputs.decks_dir, out, force=True)
     assert again.rendered == first.pages
+
+
+_KEYS = """
+import json, sys
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from kernelboard.sitegen import fingerprint as fp, render
+from kernelboard.sitegen.exports import Exports
+from kernelboard.sitegen.load import load_site
+from kernelboard.sitegen.page_keys import page_keys
+from kernelboard.sitegen.pages import plan
+data_dir, decks_dir = Path(sys.argv[1]), Path(sys.argv[2])
+data = load_site(data_dir, decks_dir)
+pages = plan(data, exports=Exports(data.table_files))
+print(json.dumps(page_keys(pages, data, fp.digests(data_dir, decks_dir, None), render._site(data, None))))
+"""
+
+
+def test_page_keys_are_the_same_in_every_process(inputs: SiteInputs) -> None:
+    """Keys hash values, never identities or str hashes: two processes with different hash seeds agree."""
+    keys = [json.loads(subprocess.run([sys.executable, "-c", _KEYS, str(inputs.data_dir), str(inputs.decks_dir)],
+                                      env={**os.environ, "PYTHONHASHSEED": seed}, check=True, capture_output=True,
+                                      text=True).stdout) for seed in ("1", "2")]
+    assert keys[0] == keys[1] and len(keys[0]) > 10
