@@ -203,9 +203,10 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
     """
     started = time.perf_counter()
     out_dir = Path(out_dir)
+    known = fp.Hashes(out_dir.parent / f".{out_dir.name}.hashes")  # the input files' digests, by stat
     if force or fp.recorded(out_dir, MARKER) is None:  # nothing to compare with: hash while loading
         hashing = ThreadPoolExecutor(1, thread_name_prefix="fingerprint")
-        later = hashing.submit(fp.digests, Path(data_dir), Path(decks_dir), base_url)
+        later = hashing.submit(fp.digests, Path(data_dir), Path(decks_dir), base_url, known)
         hashing.shutdown(wait=False)
         try:
             data = load_site(Path(data_dir), Path(decks_dir))
@@ -214,14 +215,16 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
         parts = later.result()
         fingerprint = fp.combined(parts)
     else:
-        parts = fp.digests(Path(data_dir), Path(decks_dir), base_url)
+        parts = fp.digests(Path(data_dir), Path(decks_dir), base_url, known)
         fingerprint = fp.combined(parts)
+        known.save()
         if is_unchanged(out_dir, fingerprint):
             return BuildReport(out_dir, 0, 0, time.perf_counter() - started, unchanged=True)
         data = load_site(Path(data_dir), Path(decks_dir))
     base_url = normalize_base_url(base_url)
     _check_out_dir(out_dir)
     sweep(out_dir)
+    known.save()
     exports = Exports(data.table_files)
     pages = plan(data, exports=exports)
     site = _site(data, base_url)

@@ -74,7 +74,8 @@ def test_two_builds_are_byte_identical(site_inputs: SiteInputs, built_site: Path
     build_site(site_inputs.data_dir, site_inputs.decks_dir, again)
     build_site(site_inputs.data_dir, site_inputs.decks_dir, again)  # replacing a previous build
     assert _snapshot(again) == _snapshot(built_site)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["dist"], "temporary folders left behind"
+    # no temporary folder left behind; the input files' digests are kept (fingerprint.Hashes)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".dist.hashes", "dist"]
 
 
 def test_the_date_is_source_date_epoch_or_the_newest_grading(site_inputs: SiteInputs, tmp_path: Path,
@@ -97,7 +98,7 @@ def test_a_failed_build_leaves_the_previous_site_untouched(fresh_inputs: SiteInp
         build_site(fresh_inputs.data_dir, fresh_inputs.decks_dir, out)
     assert "results.parquet: cannot read as parquet" in str(exc.value)
     assert _snapshot(out) == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["dist", "inputs"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".dist.hashes", "dist", "inputs"]
 
 
 def test_a_headline_that_is_not_the_geomean_of_its_shapes_is_a_data_error(fresh_inputs: SiteInputs,

@@ -74,7 +74,7 @@ def test_the_spare_is_hard_links_to_the_site(inputs: SiteInputs, tmp_path: Path)
     _edit_solution(inputs)
     build_site(inputs.data_dir, inputs.decks_dir, out)  # the previous site becomes the spare, relinked
     spare = tmp_path / ".dist.spare"
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "inputs") == [".dist.spare", "dist"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "inputs") == [".dist.hashes", ".dist.spare", "dist"]
     site = {p.relative_to(out): p.stat().st_ino for p in out.rglob("*") if p.is_file()}
     assert site == {p.relative_to(spare): p.stat().st_ino for p in spare.rglob("*") if p.is_file()}
 
