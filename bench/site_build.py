@@ -5,13 +5,17 @@ three things on each: `tables.load_all` (the baseline: read + validate every par
 `load_site` (plus deck and solution joins) and `build_site` (every page, charts, the swap).
 
 Then the large case (`--runs`, default 1,000; the recorded figures use 10,000 runs over 4 GPUs and the six Hard decks,
-`site_fixtures.make_large_site_inputs`): a full build with a cold highlight cache, a full build with
-a warm one (`force=True`), the no-change rebuild (fingerprint only), page weights, and a check that
-pages without charts load no Plotly.
+`site_fixtures.make_large_site_inputs`), each build in a fresh process that reports its time and peak
+RSS (its own and its largest forked worker's): a cold full build (no site, no spare, nothing
+remembered), a full build with `force=True` (every page rendered), a rebuild after one run changed (a
+line appended to one solution.py), the no-change rebuild (fingerprint only), the bytes on disk of the
+site and of everything kept beside it (spare, remembered digests; hard links counted once), page
+weights, and a check that pages without charts load no Plotly.
 
-    python bench/site_build.py              # small boards, then a 1,000-run site (under a minute)
-    python bench/site_build.py --runs 10000 # the recorded 10,000-run figures (about 6 minutes)
-    python bench/site_build.py --runs 0     # small boards only
+    python bench/site_build.py                    # small boards, then a 1,000-run site (under a minute)
+    python bench/site_build.py --runs 10000 --skip-small   # the recorded 10,000-run figures (~3 minutes)
+    python bench/site_build.py --runs 50000 --skip-small --noop-only  # cold build and no-op at 50,000 runs
+    python bench/site_build.py --runs 0           # small boards only
 """
 
 from __future__ import annotations

@@ -289,10 +289,10 @@ class _Build:
         wanted = [f for page in self.pages for f in self.files_of(page)] + [*self.rest]
         kept, removed = clear_stale(self.new, spare, wanted)
         self.spare = kept
-        todo = []
+        todo, published = [], str(out_dir)
         for i, page in enumerate(self.pages):
             if previous.get(page.path) != self.keys[page.path] or not all(
-                    kept.files.get(rel) == _inode(out_dir / rel) for rel in self.files_of(page)):
+                    kept.files.get(rel) == _inode(os.path.join(published, rel)) for rel in self.files_of(page)):
                 todo.append(i)
         return todo, removed
 
@@ -318,7 +318,7 @@ class _Build:
         return [rel for chunk in done for rel in chunk] + rest
 
 
-def _inode(path: Path) -> int | None:
+def _inode(path: str) -> int | None:
     try:
         return os.lstat(path).st_ino
     except OSError:

@@ -1,7 +1,7 @@
 """What each page shows: the template context of the home, problem and run pages.
 
 Contexts hold the loaded records themselves (templates read their fields under StrictUndefined)
-plus what a template should not compute: charts, rendered Markdown, highlighted source, and the
+plus what a template should not compute: charts, rendered Markdown, the source tagged with its language, and the
 printed arithmetic behind each headline number. Links are made in the templates with `url()`.
 """
 
