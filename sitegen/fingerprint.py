@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import stat
+import sys
 import time
 from importlib import metadata
 from pathlib import Path
@@ -33,12 +34,16 @@ _SOURCE = Path(__file__).resolve().parent.parent
 #: The site generator's inputs that live in the source checkout (render.py names the same folders).
 SOURCE_INPUTS = (_SOURCE / "templates", _SOURCE / "static", _SOURCE / "docs" / "methodology.md",
                  _SOURCE / "data" / "README.md", Path(__file__).resolve().parent)
+#: The code that reads and validates the inputs (the grader's table and deck modules among it): what
+#: `loader_digest` covers, so that data remembered between builds (`load.remember`) is read again when it
+#: changes.
+LOADER_SOURCES = (_SOURCE / "eval", _SOURCE / "kernelboard")
 #: Packages whose version changes the bytes of the built site.
 _PACKAGES = ("plotly", "jinja2", "markdown-it-py", "pyarrow")
 #: The line of the marker file that carries the fingerprint.
 PREFIX = "fingerprint: "
 
-__all__ = ["GROUPS", "PREFIX", "Hashes", "combined", "digests", "fingerprint", "recorded"]
+__all__ = ["GROUPS", "PREFIX", "Hashes", "combined", "digests", "fingerprint", "loader_digest", "recorded"]
 
 
 def _files(root: Path, skip: str | None = None) -> list[tuple[str, str, os.stat_result]]:
@@ -107,8 +112,9 @@ class Hashes:
         return digest
 
     def save(self) -> None:
-        """Remember this run's digests (only the files it saw), when they differ from what was known."""
-        if self.path is None or (self.hashed == 0 and self._seen.keys() == self._known.keys()):
+        """Remember this run's digests (only the files it saw), when it read any file: a run that only
+        reused digests has nothing new to keep (and writing 10 MB at 50,000 runs would cost a no-op)."""
+        if self.path is None or self.hashed == 0:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
@@ -153,6 +159,18 @@ def digests(data_dir: Path, decks_dir: Path, base_url: str | None, known: Hashes
         for name, path, st in _files(root, skip):
             digest.update(f"\0{part}\0{name}\0".encode() + known.digest(path, st))
     return {group: h.hexdigest() for group, h in hashes.items()}
+
+
+def loader_digest(known: Hashes | None = None) -> str:
+    """A digest of the Python files under `LOADER_SOURCES` (the decks excluded) and the Python and
+    pyarrow versions: what, besides the inputs and sitegen/ itself, decides what `load_site` returns."""
+    known = Hashes() if known is None else known
+    digest = hashlib.sha256(f"{sys.version}\0{_version('pyarrow')}\0{_version('pyyaml')}".encode())
+    for root in LOADER_SOURCES:
+        for name, path, st in _files(root):
+            if name.endswith(".py") and not name.startswith("decks/"):
+                digest.update(f"\0{root.name}/{name}\0".encode() + known.digest(path, st))
+    return digest.hexdigest()
 
 
 def combined(parts: dict[str, str]) -> str:

@@ -10,6 +10,7 @@ previous site untouched.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +29,7 @@ from . import fingerprint as fp
 from .exports import Exports
 from .format import FILTERS
 from .highlight import page_gives_back
-from .load import SiteData, load_site
+from .load import SiteData, load_site, remember, remembered
 from .output import (
     PARALLEL_MIN_PAGES,
     Spare,
@@ -204,6 +205,7 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
     started = time.perf_counter()
     out_dir = Path(out_dir)
     known = fp.Hashes(out_dir.parent / f".{out_dir.name}.hashes")  # the input files' digests, by stat
+    kept = out_dir.parent / f".{out_dir.name}.data"  # the loaded, validated data (`load.remember`)
     if force or fp.recorded(out_dir, MARKER) is None:  # nothing to compare with: hash while loading
         hashing = ThreadPoolExecutor(1, thread_name_prefix="fingerprint")
         later = hashing.submit(fp.digests, Path(data_dir), Path(decks_dir), base_url, known)
@@ -214,17 +216,22 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
             later.exception()  # waits: the thread is done before the workers fork or a load error leaves
         parts = later.result()
         fingerprint = fp.combined(parts)
+        data_key = _data_key(parts, data_dir, decks_dir, known)
+        remembered_data = None
     else:
         parts = fp.digests(Path(data_dir), Path(decks_dir), base_url, known)
         fingerprint = fp.combined(parts)
-        known.save()
         if is_unchanged(out_dir, fingerprint):
+            known.save()
             return BuildReport(out_dir, 0, 0, time.perf_counter() - started, unchanged=True)
-        data = load_site(Path(data_dir), Path(decks_dir))
+        data_key = _data_key(parts, data_dir, decks_dir, known)
+        data = remembered_data = remembered(kept, data_key, Path(data_dir))
+        if data is None:
+            data = load_site(Path(data_dir), Path(decks_dir))
     base_url = normalize_base_url(base_url)
     _check_out_dir(out_dir)
     sweep(out_dir)
-    known.save()
+    known.save()  # after `_data_key`, which hashed the loading code
     exports = Exports(data.table_files)
     pages = plan(data, exports=exports)
     site = _site(data, base_url)
@@ -245,7 +252,17 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
         raise
     if large:  # the previous site, now the spare, takes the new files as hard links
         mirror_spare(out_dir, written if spare is not None else None, removed)
+        if remembered_data is None:  # the next build with the same tables and decks reads them back
+            remember(kept, data_key, data)
     return BuildReport(out_dir, len(pages), build.n_files, time.perf_counter() - started, rendered=len(todo))
+
+
+def _data_key(parts: dict[str, str], data_dir: Path, decks_dir: Path, known: fp.Hashes) -> str:
+    """What the loaded data depends on: the tables and decks (contents), where the submissions are read
+    from, and the code that loads them (sitegen's, in the "site" digest, and the grader's table rules)."""
+    where = f"{Path(data_dir).resolve()}\0{Path(decks_dir).resolve()}"
+    return fp.combined({"tables": parts["tables"], "decks": parts["decks"], "site": parts["site"],
+                        "loader": fp.loader_digest(known), "where": hashlib.sha256(where.encode()).hexdigest()})
 
 
 class _Build:

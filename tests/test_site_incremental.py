@@ -45,6 +45,7 @@ def test_an_edited_solution_renders_its_run_page_alone(inputs: SiteInputs, tmp_p
     first = build_site(inputs.data_dir, inputs.decks_dir, out, jobs=2)
     assert first.rendered == first.pages
     _edit_solution(inputs)
+    assert (out.parent / ".dist.data").is_file()  # the validated tables, read back by the next build
     again = build_site(inputs.data_dir, inputs.decks_dir, out, jobs=2)
     assert again.rendered == 1
     assert "# one more line" in (out / page_path("run", gpu=GPU, run_id=PASS)).read_text(encoding="utf-8")
@@ -74,7 +75,8 @@ def test_the_spare_is_hard_links_to_the_site(inputs: SiteInputs, tmp_path: Path)
     _edit_solution(inputs)
     build_site(inputs.data_dir, inputs.decks_dir, out)  # the previous site becomes the spare, relinked
     spare = tmp_path / ".dist.spare"
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "inputs") == [".dist.hashes", ".dist.spare", "dist"]
+    beside = sorted(p.name for p in tmp_path.iterdir() if p.name != "inputs")
+    assert beside == [".dist.data", ".dist.hashes", ".dist.spare", "dist"]
     site = {p.relative_to(out): p.stat().st_ino for p in out.rglob("*") if p.is_file()}
     assert site == {p.relative_to(spare): p.stat().st_ino for p in spare.rglob("*") if p.is_file()}
 
@@ -124,3 +126,25 @@ def test_page_keys_are_the_same_in_every_process(inputs: SiteInputs) -> None:
                                       env={**os.environ, "PYTHONHASHSEED": seed}, check=True, capture_output=True,
                                       text=True).stdout) for seed in ("1", "2")]
     assert keys[0] == keys[1] and len(keys[0]) > 10
+
+
+def test_unchanged_tables_are_read_back_not_loaded_again(inputs: SiteInputs, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the tables and decks unchanged, the validated data is read back (`load.remembered`); a kept
+    file that does not read back is simply loaded again."""
+    out = tmp_path / "dist"
+    build_site(inputs.data_dir, inputs.decks_dir, out)
+    real = render.load_site
+
+    def not_again(*args: object) -> None:
+        raise AssertionError("loaded again")
+
+    monkeypatch.setattr(render, "load_site", not_again)
+    _edit_solution(inputs)
+    assert build_site(inputs.data_dir, inputs.decks_dir, out).rendered == 1
+    monkeypatch.setattr(render, "load_site", real)
+    kept = tmp_path / ".dist.data"
+    kept.write_bytes(kept.read_bytes()[:200])  # cut short
+    _edit_solution(inputs)
+    assert build_site(inputs.data_dir, inputs.decks_dir, out).rendered == 1
+    assert _files(out) == _fresh(inputs, tmp_path / "fresh" / "dist")
