@@ -492,30 +492,31 @@ def _read_sidecars(submissions_dir: Path, runs: dict[str, Run],
 # ------------------------------------------------------------------------- remembered between builds
 
 
-def remember(path: Path, key: str, data: SiteData) -> None:
+def remember(path: Path, key: str, data: SiteData, extra: object = None) -> None:
     """Keep `data`, as validated, in `path` under `key` (the digests of every input it was read from and
-    of the code that read it), less the submissions' files, which are read again each time. At 10,000
-    runs loading and validating took ~2 s of a rebuild after one edited solution; reading this back
-    0.4 s. The file is this build's own output, beside the site, like the site itself."""
+    of the code that read it), less the submissions' files, which are read again each time; `extra`: what
+    else was computed from the same inputs (the run pages' row digests). At 10,000 runs loading and
+    validating took ~2 s of a rebuild after one edited solution; reading this back 0.4 s. The file is
+    this build's own output, beside the site, like the site itself."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
         f.write(key.encode() + b"\n")
-        pickle.dump(dataclasses.replace(data, solutions={}, sidecars={}), f, protocol=5)
+        pickle.dump((dataclasses.replace(data, solutions={}, sidecars={}), extra), f, protocol=5)
     os.replace(tmp, path)
 
 
-def remembered(path: Path, key: str, data_dir: Path) -> SiteData | None:
-    """The data `remember` kept under this very `key`, with the submissions' files read afresh; None when
-    there is none (or another key: an input or the loading code changed)."""
+def remembered(path: Path, key: str, data_dir: Path) -> tuple[SiteData, Any] | None:
+    """The data (and `extra`) `remember` kept under this very `key`, with the submissions' files read
+    afresh; None when there is none (or another key: an input or the loading code changed)."""
     try:
         with open(path, "rb") as f:
             if f.readline() != key.encode() + b"\n":
                 return None
-            data = pickle.load(f)
+            data, extra = pickle.load(f)
     except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, TypeError, ValueError):
         return None
     if not isinstance(data, SiteData):
         return None
     solutions = _read_solutions(data_dir / "submissions", data.runs)
     return dataclasses.replace(data, solutions=solutions,
-                               sidecars=_read_sidecars(data_dir / "submissions", data.runs, solutions))
+                               sidecars=_read_sidecars(data_dir / "submissions", data.runs, solutions)), extra

@@ -46,31 +46,37 @@ def _hex(*parts: str | bytes) -> str:
     return digest.hexdigest()[:32]  # 128 bits: ten thousand keys in the manifest stay small
 
 
-def page_keys(pages: Iterable[Page], data: SiteData, digests: Mapping[str, str],
-              site: Mapping[str, Any]) -> dict[str, str]:
-    """Output path -> key for every page. `digests`: the build's `fingerprint.digests`; `site`: what every
-    page's base template reads (`render._site`)."""
+def page_keys(pages: Iterable[Page], data: SiteData, digests: Mapping[str, str], site: Mapping[str, Any],
+              rows_known: Mapping[str, str] | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """Output path -> key for every page, and run page path -> the digest of the table rows it reads.
+    `digests`: the build's `fingerprint.digests`; `site`: what every page's base template reads
+    (`render._site`); `rows_known`: row digests of a build whose tables and decks were these very ones
+    (kept with the data, `load.remember`), so they need not be computed again (0.4 s at 10,000 runs)."""
+    rows_known = {} if rows_known is None else rows_known
     shared = _hex(digests["site"], repr(sorted(site.items())))
     aggregate = _hex(shared, digests["decks"], digests["tables"])
     baselines: dict[tuple[str, str, str], list[bytes]] = defaultdict(list)
     for b in data.baselines:
         baselines[(b.bench, b.problem, b.gpu)].append(_flat(b))
-    lines = {k: _hex(*v) for k, v in baselines.items()}
+    lines = {k: _hex(*v) for k, v in baselines.items()} if len(rows_known) < len(data.results) else {}
     runs_shared = _hex(shared, digests["decks"])
-    keys = {}
+    keys, row_digests = {}, {}
     for page in pages:
         result = page.result
         if result is None:
             keys[page.path] = _hex(aggregate, page.path)
             continue
-        run = data.runs[result.run_id]
+        row_digest = rows_known.get(page.path)
+        if row_digest is None:
+            run = data.runs[result.run_id]
+            rows = (run, result, data.hardware.get(result.gpu), gpu_label(data, result.gpu),
+                    data.annotations.get(result.run_id), f"data/results/{result.log_path}" in data.table_files)
+            row_digest = _hex(lines.get((run.bench, run.problem, result.gpu), ""), _flat(rows))
+        row_digests[page.path] = row_digest
         solution = data.solutions.get(result.run_id)
-        rows = (run, result, data.hardware.get(result.gpu), gpu_label(data, result.gpu),
-                data.annotations.get(result.run_id), data.sidecars.get(result.run_id),
-                f"data/results/{result.log_path}" in data.table_files)
-        keys[page.path] = _hex(runs_shared, page.path, lines.get((run.bench, run.problem, result.gpu), ""),
-                               _flat(rows), "-" if solution is None else solution)
-    return keys
+        keys[page.path] = _hex(runs_shared, page.path, row_digest, _flat(data.sidecars.get(result.run_id)),
+                               "-" if solution is None else solution)
+    return keys, row_digests
 
 
 def _flat(value: object) -> bytes:

@@ -225,9 +225,8 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
             known.save()
             return BuildReport(out_dir, 0, 0, time.perf_counter() - started, unchanged=True)
         data_key = _data_key(parts, data_dir, decks_dir, known)
-        data = remembered_data = remembered(kept, data_key, Path(data_dir))
-        if data is None:
-            data = load_site(Path(data_dir), Path(decks_dir))
+        remembered_data = remembered(kept, data_key, Path(data_dir))
+        data = load_site(Path(data_dir), Path(decks_dir)) if remembered_data is None else remembered_data[0]
     base_url = normalize_base_url(base_url)
     _check_out_dir(out_dir)
     sweep(out_dir)
@@ -235,7 +234,7 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
     exports = Exports(data.table_files)
     pages = plan(data, exports=exports)
     site = _site(data, base_url)
-    keys = page_keys(pages, data, parts, site)
+    keys, rows = page_keys(pages, data, parts, site, None if remembered_data is None else remembered_data[1])
     large = len(pages) >= PARALLEL_MIN_PAGES
     adopted = adopt_spare(out_dir, MARKER) if large else None
     new, spare = adopted if adopted is not None else (new_folder(out_dir), None)
@@ -253,7 +252,7 @@ def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | N
     if large:  # the previous site, now the spare, takes the new files as hard links
         mirror_spare(out_dir, written if spare is not None else None, removed)
         if remembered_data is None:  # the next build with the same tables and decks reads them back
-            remember(kept, data_key, data)
+            remember(kept, data_key, data, rows)
     return BuildReport(out_dir, len(pages), build.n_files, time.perf_counter() - started, rendered=len(todo))
 
 

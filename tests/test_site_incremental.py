@@ -116,7 +116,7 @@ from kernelboard.sitegen.pages import plan
 data_dir, decks_dir = Path(sys.argv[1]), Path(sys.argv[2])
 data = load_site(data_dir, decks_dir)
 pages = plan(data, exports=Exports(data.table_files))
-print(json.dumps(page_keys(pages, data, fp.digests(data_dir, decks_dir, None), render._site(data, None))))
+print(json.dumps(page_keys(pages, data, fp.digests(data_dir, decks_dir, None), render._site(data, None))[0]))
 """
 
 
