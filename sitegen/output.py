@@ -1,10 +1,10 @@
 """The output tree: pages rendered and written by a pool of forked workers, then swapped in whole.
 
 At ten thousand runs a build is mostly per-page work that does not depend on other pages: build a
-run page's context, read its highlighted source, render its template, create its folder and files.
+run page's context, render its template, create its folder and files.
 On this filesystem creating a folder or a file costs tens to hundreds of microseconds of kernel
 time, so writing is CPU work too. `Workers` forks after the data is loaded and every shared object
-(boards, highlight cache, Jinja environment) is built, so each worker inherits them without pickling
+(tables, Jinja environment) is built, so each worker inherits them without pickling
 and only page indices travel; each worker writes the files of its own pages. Nothing is written
 outside the fresh folder `new_folder` makes beside the output, and `swap_in` replaces the previous
 site with one atomic exchange of the two folders (Linux `renameat2(RENAME_EXCHANGE)`), so a build
@@ -12,9 +12,12 @@ killed at any point — even with -9, even mid-swap — leaves the previous site
 output path, never none and never half of one. Where the filesystem cannot exchange, two renames
 are used and a kill between them leaves the previous site beside the output (`.<out>.old.*`).
 
-A large site's previous copy is not deleted but kept beside the output as a spare (`.<out>.spare`);
-the next build takes it over as its fresh folder (`adopt_spare`), removes what the new site lacks and
-rewrites only the files whose bytes change, so a rebuild creates and deletes almost no files.
+A large site's previous copy is not deleted but kept beside the output as a spare (`.<out>.spare`),
+made hard links to the published files once the swap is done (`mirror_spare`): folders, no second
+copy of the bytes. The next build takes it over as its fresh folder (`adopt_spare`), removes what the
+new site lacks and replaces only the files whose bytes change (never writing into a linked file), so
+a rebuild creates and deletes almost no files; a page whose inputs did not change is not rendered at
+all while its file there is the published one (`render._Build.plan_writes`).
 """
 
 from __future__ import annotations
