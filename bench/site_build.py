@@ -130,6 +130,12 @@ def disk_bytes(*roots: Path) -> int:
     for root in roots:
         if not root.exists():
             continue
+        if not root.is_dir():  # a file kept beside the site (os.walk would skip it)
+            st = os.lstat(root)
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+            continue
         for folder, dirs, names in os.walk(root):
             for name in [*dirs, *names, "."]:
                 st = os.lstat(os.path.join(folder, name)) if name != "." else os.lstat(folder)
