@@ -99,7 +99,9 @@ seconds = time.perf_counter() - t
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, so it would report the bench's own size
 hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 rss = [hwm / 1024, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024]
-print(json.dumps({"s": seconds, "pages": report.pages, "unchanged": report.unchanged, "rss_mb": rss}))
+cpu = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+          for f in ("ru_utime", "ru_stime"))  # imports included: compare CPU time between runs, not to wall
+print(json.dumps({"s": seconds, "pages": report.pages, "unchanged": report.unchanged, "rss_mb": rss, "cpu": cpu}))
 """
 
 
@@ -120,7 +122,7 @@ def best_child(inputs, out: Path, repeats: int = 3, force: bool = False, before=
             before(i)
         runs.append(build_in_child(inputs, out, force))
     best = min(runs, key=lambda r: r["s"])
-    return {**best, "rss_mb": [max(r["rss_mb"][k] for r in runs) for k in (0, 1)]}
+    return {**best, "rss_mb": [max(r["rss_mb"][k] for r in runs) for k in (0, 1)], "cpu": min(r["cpu"] for r in runs)}
 
 
 def disk_bytes(*roots: Path) -> int:
@@ -164,13 +166,15 @@ def large(n_runs: int, noop_only: bool = False) -> None:
         cold = build_in_child(inputs, out)
         print(f"  load_all {base:.3f} s · full build, cold (no site, no cache) {cold['s']:.1f} s ({cold['pages']} "
               f"pages, {cold['s'] / base:.0f}× load_all; peak RSS {cold['rss_mb'][0]:,.0f} MB, "
-              f"worker {cold['rss_mb'][1]:,.0f} MB)", flush=True)
+              f"worker {cold['rss_mb'][1]:,.0f} MB; CPU {cold['cpu']:.1f} s)", flush=True)
         if not noop_only:
             warm = best_child(inputs, out, force=True)
             print(f"  full build, warm (--force) {warm['s']:.2f} s ({warm['s'] / base:.1f}×; peak RSS "
-                  f"{warm['rss_mb'][0]:,.0f} MB, worker {warm['rss_mb'][1]:,.0f} MB)", flush=True)
+                  f"{warm['rss_mb'][0]:,.0f} MB, worker {warm['rss_mb'][1]:,.0f} MB; CPU {warm['cpu']:.1f} s)",
+                  flush=True)
             one = best_child(inputs, out, before=functools.partial(edit_one_solution, inputs))
-            print(f"  one run changed (a solution.py edited) {one['s']:.2f} s ({one['s'] / base:.1f}×)", flush=True)
+            print(f"  one run changed (a solution.py edited) {one['s']:.2f} s ({one['s'] / base:.1f}×; "
+                  f"CPU {one['cpu']:.1f} s)", flush=True)
         same = best_child(inputs, out)
         assert same["unchanged"], same
         print(f"  no-change rebuild {same['s']:.3f} s ({same['s'] / base:.2f}×; peak RSS {same['rss_mb'][0]:,.0f} MB, "
@@ -182,7 +186,8 @@ def large(n_runs: int, noop_only: bool = False) -> None:
         if not noop_only:
             weights(out)
     print("(each build in a fresh process; warm, one-changed and no-change: best of 3; "
-          "cold: the first build, nothing cached)")
+          "cold: the first build, nothing cached; CPU: user + system seconds of the process and its workers, "
+          "imports included — steadier than wall time on a shared machine)")
 
 
 def main() -> None:
