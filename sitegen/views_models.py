@@ -94,10 +94,10 @@ class ModelPages:
     def boards(self) -> tuple[Board, ...]:
         return build_boards(self.data)
 
-    @property
+    @functools.cached_property
     def gpus(self) -> list[str]:
         """Every GPU key with a board, in page order (CPU test timings last): `build_boards` makes one per
-        (GPU, bench) with a result on the board."""
+        (GPU, bench) with a result on the board. Cached: model pages sort by it once per result."""
         return gpu_order(r.gpu for r in self.data.results if not r.off_board)
 
     @property
