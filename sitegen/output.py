@@ -1,10 +1,10 @@
 """The output tree: pages rendered and written by a pool of forked workers, then swapped in whole.
 
 At ten thousand runs a build is mostly per-page work that does not depend on other pages: build a
-run page's context, read its highlighted source, render its template, create its folder and files.
+run page's context, render its template, create its folder and files.
 On this filesystem creating a folder or a file costs tens to hundreds of microseconds of kernel
 time, so writing is CPU work too. `Workers` forks after the data is loaded and every shared object
-(boards, highlight cache, Jinja environment) is built, so each worker inherits them without pickling
+(tables, Jinja environment) is built, so each worker inherits them without pickling
 and only page indices travel; each worker writes the files of its own pages. Nothing is written
 outside the fresh folder `new_folder` makes beside the output, and `swap_in` replaces the previous
 site with one atomic exchange of the two folders (Linux `renameat2(RENAME_EXCHANGE)`), so a build
@@ -12,13 +12,17 @@ killed at any point — even with -9, even mid-swap — leaves the previous site
 output path, never none and never half of one. Where the filesystem cannot exchange, two renames
 are used and a kill between them leaves the previous site beside the output (`.<out>.old.*`).
 
-A large site's previous copy is not deleted but kept beside the output as a spare (`.<out>.spare`);
-the next build takes it over as its fresh folder (`adopt_spare`), removes what the new site lacks and
-rewrites only the files whose bytes change, so a rebuild creates and deletes almost no files.
+A large site's previous copy is not deleted but kept beside the output as a spare (`.<out>.spare`),
+made hard links to the published files once the swap is done (`mirror_spare`): folders, no second
+copy of the bytes. The next build takes it over as its fresh folder (`adopt_spare`), removes what the
+new site lacks and replaces only the files whose bytes change (never writing into a linked file), so
+a rebuild creates and deletes almost no files; a page whose inputs did not change is not rendered at
+all while its file there is the published one (`render._Build.plan_writes`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import multiprocessing
@@ -26,13 +30,13 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["Spare", "Workers", "adopt_spare", "clear_stale", "default_jobs", "discard", "new_folder", "swap_in",
-           "sweep", "write_files"]
+__all__ = ["Spare", "Workers", "adopt_spare", "clear_stale", "default_jobs", "discard", "mirror_spare", "new_folder",
+           "swap_in", "sweep", "write_files"]
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -58,20 +62,24 @@ def default_jobs() -> int:
 
 
 def write_files(root: Path, files: Iterable[tuple[str, bytes]], made: set[str] | None = None,
-                recycled: Spare | None = None) -> int:
-    """Write each (relative path, bytes) under `root`, making folders as needed; returns bytes written.
+                recycled: Spare | None = None) -> list[str]:
+    """Write each (relative path, bytes) under `root`, making folders as needed; returns the paths written.
     `made` remembers the folders this process already made, so each is created (or checked) once. A
-    file that `recycled` lists is rewritten in place, and only when its bytes differ: no new inode."""
+    file that `recycled` lists is left alone when its bytes are the same, and otherwise replaced by a new
+    file (written aside, renamed over it): it may be a hard link to the published site, which a build
+    never changes."""
     made = set() if made is None else made
-    total = 0
+    written = []
     for rel, content in files:
         if recycled is not None and rel in recycled.files:
-            with open(root / rel, "r+b") as f:
-                if f.read() != content:
-                    f.seek(0)
-                    f.truncate()
-                    f.write(content)
-            total += len(content)
+            with open(root / rel, "rb") as f:
+                if f.read() == content:
+                    continue
+            tmp = root / f"{rel}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(content)
+            os.replace(tmp, root / rel)
+            written.append(rel)
             continue
         folder = os.path.dirname(rel)
         if folder not in made and (recycled is None or folder not in recycled.folders):
@@ -79,8 +87,8 @@ def write_files(root: Path, files: Iterable[tuple[str, bytes]], made: set[str] |
             made.add(folder)
         with open(root / rel, "wb") as f:
             f.write(content)
-        total += len(content)
-    return total
+        written.append(rel)
+    return written
 
 
 def _run_span(span: tuple[int, int]) -> list[Any]:
@@ -157,15 +165,18 @@ def new_folder(out_dir: Path) -> Path:
 
 @dataclass(frozen=True)
 class Spare:
-    """A previous site taken over as the next build's folder: its files are rewritten in place (only those
-    whose bytes change) instead of creating thirty thousand new files and deleting as many old ones.
+    """The spare copy of the published site, taken over as the next build's folder: the build replaces
+    only the files whose bytes change, instead of creating thirty thousand new files and deleting as many.
 
-    On ext4 without a journal (this machine's disk) creating a file right after many were deleted is
-    slow: the inode allocator skips every inode freed in the last minutes, one by one, so a build that
-    followed the previous build's removal spent most of its time in the kernel. Paths are relative,
-    '/'-separated; `folders` includes '' (the root)."""
+    The spare's files are hard links to the published site's (`mirror_spare`), so it costs folders, not a
+    second copy of the site; a page whose inputs did not change is not even rendered when its file here
+    is the published file itself (`files` maps each path to its inode). On ext4 without a journal (this
+    machine's disk) creating a file right after many were deleted is slow: the inode allocator skips every
+    inode freed in the last minutes, one by one, so a build that followed the previous build's removal
+    spent most of its time in the kernel. Paths are relative, '/'-separated; `folders` includes '' (the
+    root)."""
 
-    files: frozenset[str]
+    files: Mapping[str, int]
     folders: frozenset[str]
 
 
@@ -185,7 +196,8 @@ def adopt_spare(out_dir: Path, marker: str) -> tuple[Path, Spare] | None:
         return None
     new = new_folder(out_dir)
     os.rename(spare, new)  # replaces the empty fresh folder: its unique name, the spare's inodes
-    files, folders = set(), {""}
+    files: dict[str, int] = {}
+    folders = {""}
     stack = [""]
     while stack:
         rel = stack.pop()
@@ -196,28 +208,90 @@ def adopt_spare(out_dir: Path, marker: str) -> tuple[Path, Spare] | None:
                     folders.add(name)
                     stack.append(name)
                 elif e.is_file(follow_symlinks=False):
-                    files.add(name)
+                    files[name] = e.inode()
                 else:
                     os.unlink(e.path)
-    return new, Spare(frozenset(files), frozenset(folders))
+    return new, Spare(files, frozenset(folders))
 
 
-def clear_stale(root: Path, spare: Spare, wanted: Iterable[str]) -> Spare:
+def clear_stale(root: Path, spare: Spare, wanted: Iterable[str]) -> tuple[Spare, list[str]]:
     """Remove what the adopted spare holds that the next site does not (files it will not write, folders
-    nothing lands in); returns what stays, for `write_files` to rewrite in place."""
+    nothing lands in); returns what stays, for `write_files` to rewrite, and what was removed."""
     wanted = set(wanted)
     needed = {""}
     for rel in wanted:
         while (rel := os.path.dirname(rel)) not in needed:
             needed.add(rel)
+    removed = []
     for rel in sorted(spare.folders - needed, key=len):
         if os.path.isdir(root / rel):  # not removed with a folder above it
             shutil.rmtree(root / rel)
-    kept = spare.files & wanted
-    for rel in spare.files - wanted:
+            removed.append(rel)
+    kept = {rel: ino for rel, ino in spare.files.items() if rel in wanted}
+    for rel in spare.files.keys() - wanted:
         if os.path.dirname(rel) in needed:
             os.unlink(root / rel)
-    return Spare(frozenset(kept), frozenset(spare.folders & needed))
+            removed.append(rel)
+    return Spare(kept, frozenset(spare.folders & needed)), removed
+
+
+def mirror_spare(out_dir: Path, written: Iterable[str] | None, removed: Iterable[str] = ()) -> None:
+    """Make the spare beside `out_dir` hold the published site as hard links, after `swap_in` made the
+    previous site the spare: each file of `written` (this build's new files; None: every file) is linked
+    in over the old one, and what `removed` names goes. With no spare (a first build) the spare is made,
+    folders and links. Links cost no file data, so the site and its spare take one copy of the bytes.
+
+    Best effort: the next build trusts a spare file only where it is the published file itself (the
+    same inode, `_Build.plan_writes`), so a mirror left half done costs renders, never a wrong page; on an
+    error the spare is dropped."""
+    spare = _spare_path(out_dir)
+    try:
+        if not spare.is_dir() or spare.is_symlink():
+            tmp = new_folder(out_dir)
+            _link_files(out_dir, tmp, _walk_files(out_dir))
+            os.rename(tmp, spare)
+            return
+        for rel in removed:
+            target = spare / rel
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    target.unlink()
+        _link_files(out_dir, spare, _walk_files(out_dir) if written is None else written)
+    except OSError:
+        shutil.rmtree(spare, ignore_errors=True)
+
+
+def _walk_files(root: Path) -> list[str]:
+    files, stack = [], [""]
+    while stack:
+        rel = stack.pop()
+        with os.scandir(root / rel) as entries:
+            for e in entries:
+                name = f"{rel}/{e.name}" if rel else e.name
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(name)
+                elif e.is_file(follow_symlinks=False):
+                    files.append(name)
+    return files
+
+
+def _link_files(src: Path, dst: Path, files: Iterable[str]) -> None:
+    """Hard-link each file of `src` into `dst`, over whatever is there (a folder in the way goes)."""
+    made: set[str] = set()
+    for rel in files:
+        folder = os.path.dirname(rel)
+        if folder not in made:
+            os.makedirs(dst / folder, exist_ok=True)
+            made.add(folder)
+        tmp = dst / f"{rel}.{os.getpid()}.link"
+        os.link(src / rel, tmp)
+        try:
+            os.replace(tmp, dst / rel)
+        except IsADirectoryError:
+            shutil.rmtree(dst / rel)
+            os.replace(tmp, dst / rel)
 
 
 def _subfolders(root: Path, depth: int) -> Iterator[str]:

@@ -16,8 +16,7 @@ from typing import Any
 from . import views, views_efficiency, views_meta, views_models, views_runs
 from .exports import Exports
 from .fastest import FastestLines
-from .highlight import HighlightCache
-from .load import SiteData
+from .load import Result, SiteData
 
 
 @dataclass(frozen=True)
@@ -64,11 +63,12 @@ def root_for(path: str) -> str:
 class Page:
     """One page to render: its kind, output path, and how to build its template context (without
     `root`). Contexts are built when the page renders, in whichever build worker renders it: ten
-    thousand run contexts (highlighted source included) would otherwise be built, and held, up front."""
+    thousand run contexts (source included) would otherwise be built, and held, up front."""
 
     kind: str
     path: str
     make_context: Callable[[], dict[str, Any]]
+    result: Result | None = None  # a run page's graded run: what `page_keys` keys it by
 
     def context(self) -> dict[str, Any]:
         return self.make_context()
@@ -87,14 +87,12 @@ class Page:
 LISTS_EXPORTS = "downloads"
 
 
-def plan(data: SiteData, *, highlight: HighlightCache | None = None, exports: Exports | None = None) -> list[Page]:
+def plan(data: SiteData, *, exports: Exports | None = None) -> list[Page]:
     """Every page of the site, in output-path order. What several pages share (the boards of
     `ModelPages`) is built here, once, before any page renders; so is what a page renders through,
-    handed to it here rather than kept in a module: `highlight`, the cache every run page highlights
-    its source through, and `exports`, the build's CSV and JSON exports, whose sizes the downloads page
-    lists (each a fresh one, for this plan alone, when not given). Rendering a page has no effect but
-    its output and what it adds to these two objects."""
-    highlight = HighlightCache() if highlight is None else highlight
+    handed to it here rather than kept in a module: `exports`, the build's CSV and JSON exports, whose
+    sizes the downloads page lists (a fresh one, for this plan alone, when not given). Rendering a page
+    has no effect but its output and what it adds to that object."""
     exports = Exports(data.table_files) if exports is None else exports
     pages = [Page("home", page_path("home"), partial(views.home, data))]
     pages.append(Page("methodology", page_path("methodology"), partial(views_meta.methodology, data)))
@@ -106,7 +104,7 @@ def plan(data: SiteData, *, highlight: HighlightCache | None = None, exports: Ex
     lines = FastestLines(data.baselines)  # each shape's fastest baseline, shared by every run page
     for result in data.results:
         pages.append(Page("run", page_path("run", gpu=result.gpu, run_id=result.run_id),
-                          partial(views.run, data, result, lines, highlight)))
+                          partial(views.run, data, result, lines), result))
     if data.results:  # score against spend per board; with nothing graded the site is the home page alone
         pages.append(Page("efficiency", page_path("efficiency"), partial(views_efficiency.efficiency, data)))
     if data.runs:  # every run (filterable), one leaderboard page per GPU, the models index, one page per model

@@ -10,6 +10,7 @@ previous site untouched.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,8 +28,8 @@ from kernelboard.errors import KernelboardError
 from . import fingerprint as fp
 from .exports import Exports
 from .format import FILTERS
-from .highlight import HighlightCache, pygments_css
-from .load import SiteData, load_site
+from .highlight import page_gives_back
+from .load import SiteData, load_site, remember, remembered
 from .output import (
     PARALLEL_MIN_PAGES,
     Spare,
@@ -37,11 +38,13 @@ from .output import (
     clear_stale,
     default_jobs,
     discard,
+    mirror_spare,
     new_folder,
     swap_in,
     sweep,
     write_files,
 )
+from .page_keys import MANIFEST, manifest_bytes, page_keys, read_manifest
 from .pages import LISTS_EXPORTS, Page, link, page_path, plan
 from .repository import repository_url
 from .views_meta import (
@@ -76,23 +79,13 @@ class BuildReport:
     files: int
     seconds: float
     unchanged: bool = False
+    rendered: int | None = None  # pages rendered (the others were unchanged); None: every page
 
     def summary(self) -> str:
         if self.unchanged:
             return (f"unchanged: {self.out_dir} was built from these exact inputs; nothing to do "
                     f"({self.seconds:.2f} s; --force rebuilds)")
         return f"built {self.pages} pages in {self.seconds:.2f} s → {self.out_dir}"
-
-
-def default_cache_dir() -> Path:
-    """Where highlighted sources are cached between builds: $KERNELBOARD_CACHE, else
-    $XDG_CACHE_HOME/kernelboard, else ~/.cache/kernelboard (never inside the published site). Entries are
-    keyed by content hash, so sites built from different data share it safely."""
-    explicit = os.environ.get("KERNELBOARD_CACHE")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "kernelboard"
 
 
 def is_unchanged(out_dir: Path, fingerprint: str) -> bool:
@@ -142,13 +135,13 @@ def _last_updated(data: SiteData) -> datetime | None:
 
 
 def _assets(fingerprint: str | None = None) -> dict[str, bytes]:
-    """static/ as is (the Plotly bundle is vendored there: static/plotly.README.md), plus the Pygments CSS."""
+    """static/ as is (Plotly and highlight.js are vendored there: static/plotly.README.md,
+    static/highlight/README.md), plus the marker file."""
     if not TEMPLATES_DIR.is_dir() or not STATIC_DIR.is_dir():
         raise KernelboardError(f"no templates/ or static/ beside {_SOURCE / 'sitegen'}: "
                                "the site builds from a source checkout (pip install -e .)")
     files = {f"static/{p.relative_to(STATIC_DIR).as_posix()}": p.read_bytes()
              for p in sorted(STATIC_DIR.rglob("*")) if p.is_file()}
-    files["static/pygments.css"] = pygments_css().encode()
     files[MARKER] = (_MARKER_TEXT + (f"{fp.PREFIX}{fingerprint}\n" if fingerprint else "")).encode()
     return files
 
@@ -171,12 +164,11 @@ def _render(env: Environment, page: Page, site: dict[str, Any], base_url: str | 
 def render_all(data: SiteData, env: Environment | None = None, base_url: str | None = None) -> dict[str, bytes]:
     """Every page rendered in memory, in one process: output path -> bytes. `base_url` (absolute, ending
     in '/') gives pages their og:url; without it pages carry no absolute address. `build_site` renders
-    the same bytes, spread over worker processes that write as they go. Sources are highlighted through
-    a cache of this call's own (in memory), and the exports the downloads page lists are made for this
-    call alone and not returned."""
+    the same bytes, spread over worker processes that write as they go. The exports the downloads page
+    lists are made for this call alone and not returned."""
     env = env or make_env()
     site = _site(data, base_url)
-    pages = plan(data, highlight=HighlightCache(), exports=Exports(data.table_files))
+    pages = plan(data, exports=Exports(data.table_files))
     return {page.path: _render(env, page, site, base_url) for page in pages}
 
 
@@ -190,100 +182,160 @@ def _check_out_dir(out_dir: Path) -> None:
 
 
 def build_site(data_dir: Path, decks_dir: Path, out_dir: Path, base_url: str | None = None, *,
-               force: bool = False, cache_dir: Path | bool | None = True, jobs: int | None = None) -> BuildReport:
-    """Load, validate and render everything, then replace `out_dir` with the new site in one rename.
+               force: bool = False, jobs: int | None = None) -> BuildReport:
+    """Load, validate and render what changed, then replace `out_dir` with the new site in one rename.
 
     With `base_url` (the site's absolute address, see `views_meta.normalize_base_url`) the build also
     writes sitemap.xml and gives pages og:url; robots.txt is always written.
 
-    Every input is fingerprinted (`fingerprint.fingerprint`) into the marker file; when `out_dir`
-    already holds a build with the same fingerprint, nothing is done and the report says `unchanged`
-    (`force=True` builds anyway). Highlighted sources are cached by content hash in `cache_dir`
-    (default: `default_cache_dir()`; False: no disk cache).
+    Every input is fingerprinted (`fingerprint.digests`) into the marker file; when `out_dir` already
+    holds a build with the same fingerprint, nothing is done and the report says `unchanged`. Otherwise
+    each page is keyed by what it renders from (`page_keys`), and a large site (`output.PARALLEL_MIN_PAGES`
+    pages or more) renders only the pages whose key changed: the others are already in its spare, hard
+    links to the published files (`output.adopt_spare`). `force=True` builds anyway and renders every
+    page (files whose bytes did not change are still not rewritten).
 
     Pages render and are written by `jobs` forked workers (`output.Workers`; default: every CPU this
-    process may use once the site has `output.PARALLEL_MIN_PAGES` pages, else one process). The bytes
-    are the same however many.
+    process may use when `output.PARALLEL_MIN_PAGES` pages or more are to render, else one process).
+    The bytes are the same however many.
 
     Raises `DataError` or `DeckError` for bad input (nothing is written), and `KernelboardError`
     when `out_dir` is something other than a previous build.
     """
     started = time.perf_counter()
     out_dir = Path(out_dir)
+    known = fp.Hashes(out_dir.parent / f".{out_dir.name}.hashes")  # the input files' digests, by stat
+    kept = out_dir.parent / f".{out_dir.name}.data"  # the loaded, validated data (`load.remember`)
     if force or fp.recorded(out_dir, MARKER) is None:  # nothing to compare with: hash while loading
         hashing = ThreadPoolExecutor(1, thread_name_prefix="fingerprint")
-        later = hashing.submit(fp.fingerprint, Path(data_dir), Path(decks_dir), base_url)
+        later = hashing.submit(fp.digests, Path(data_dir), Path(decks_dir), base_url, known)
         hashing.shutdown(wait=False)
         try:
             data = load_site(Path(data_dir), Path(decks_dir))
         finally:
             later.exception()  # waits: the thread is done before the workers fork or a load error leaves
-        fingerprint = later.result()
+        parts = later.result()
+        fingerprint = fp.combined(parts)
+        data_key = _data_key(parts, data_dir, decks_dir, known)
+        remembered_data = None
     else:
-        fingerprint = fp.fingerprint(Path(data_dir), Path(decks_dir), base_url)
+        parts = fp.digests(Path(data_dir), Path(decks_dir), base_url, known)
+        fingerprint = fp.combined(parts)
         if is_unchanged(out_dir, fingerprint):
+            known.save()
             return BuildReport(out_dir, 0, 0, time.perf_counter() - started, unchanged=True)
-        data = load_site(Path(data_dir), Path(decks_dir))
+        data_key = _data_key(parts, data_dir, decks_dir, known)
+        remembered_data = remembered(kept, data_key, Path(data_dir))
+        data = load_site(Path(data_dir), Path(decks_dir)) if remembered_data is None else remembered_data[0]
     base_url = normalize_base_url(base_url)
     _check_out_dir(out_dir)
     sweep(out_dir)
-    folder = default_cache_dir() if cache_dir is True else (Path(cache_dir) if cache_dir else None)
-    cache = HighlightCache(folder / "highlight" if folder is not None else None)
+    known.save()  # after `_data_key`, which hashed the loading code
     exports = Exports(data.table_files)
-    pages = plan(data, highlight=cache, exports=exports)
+    pages = plan(data, exports=exports)
+    site = _site(data, base_url)
+    keys, rows = page_keys(pages, data, parts, site, None if remembered_data is None else remembered_data[1])
     large = len(pages) >= PARALLEL_MIN_PAGES
-    if jobs is None:
-        jobs = default_jobs() if large else 1
     adopted = adopt_spare(out_dir, MARKER) if large else None
     new, spare = adopted if adopted is not None else (new_folder(out_dir), None)
     try:
+        build = _Build(data, pages, exports, site, base_url, fingerprint, keys, new)
+        todo, removed = build.plan_writes(out_dir, spare, {} if force else read_manifest(out_dir))
+        if jobs is None:
+            jobs = default_jobs() if len(todo) >= PARALLEL_MIN_PAGES else 1
         with Workers(jobs) as workers:
-            n_files = _write_site(data, pages, exports, base_url, fingerprint, new, workers, cache, spare)
+            written = build.write(todo, workers)
             swap_in(new, out_dir, workers, keep_spare=large)
     except BaseException:
         discard(new, out_dir, MARKER, keep_spare=large)
         raise
-    cache.prune()
-    return BuildReport(out_dir, len(pages), n_files, time.perf_counter() - started)
+    if large:  # the previous site, now the spare, takes the new files as hard links
+        mirror_spare(out_dir, written if spare is not None else None, removed)
+        if remembered_data is None:  # the next build with the same tables and decks reads them back
+            remember(kept, data_key, data, rows)
+    return BuildReport(out_dir, len(pages), build.n_files, time.perf_counter() - started, rendered=len(todo))
 
 
-def _write_site(data: SiteData, pages: list[Page], exports: Exports, base_url: str | None, fingerprint: str,
-                new: Path, workers: Workers, cache: HighlightCache, spare: Spare | None = None) -> int:
-    """Render every page into `new` (spread over `workers`), then the rest of the site; returns the
-    number of files. Each run's solution, as the grader read it, lies beside its page (the run page's
-    "raw solution.py" link) and is written by the worker that renders the page. The export step (the
-    CSV and JSON of `exports`, the slowest meta files to make) runs in a worker too, in parallel with
-    the other pages, and right before the page that lists their sizes, so they are made once.
-    `cache`: the highlight cache the planned pages render through. `spare`: what `new` already holds
-    (a previous site, see `output.adopt_spare`); what the new site lacks is removed first."""
-    env = make_env()
-    site = _site(data, base_url)
-    raw = {page_path("run", gpu=r.gpu, run_id=r.run_id): r.run_id for r in data.results if r.run_id in data.solutions}
-    made: set[str] = set()
-    tables = {rel: path.read_bytes() for rel, path in sorted(data.table_files.items())}
-    meta = {"robots.txt": robots(base_url)}
-    if base_url is not None:
-        meta["sitemap.xml"] = sitemap(base_url, [p.path for p in pages])
-    rest = {**_assets(fingerprint), **tables, **meta}
-    if spare is not None:
-        solutions = (path.removesuffix("index.html") + "solution.py" for path in raw)
-        spare = clear_stale(new, spare, [*(p.path for p in pages), *solutions, *rest, *exports.names])
+def _data_key(parts: dict[str, str], data_dir: Path, decks_dir: Path, known: fp.Hashes) -> str:
+    """What the loaded data depends on: the tables and decks (contents), where the submissions are read
+    from, and the code that loads them (sitegen's, in the "site" digest, and the grader's table rules)."""
+    where = f"{Path(data_dir).resolve()}\0{Path(decks_dir).resolve()}"
+    return fp.combined({"tables": parts["tables"], "decks": parts["decks"], "site": parts["site"],
+                        "loader": fp.loader_digest(known), "where": hashlib.sha256(where.encode()).hexdigest()})
 
-    def write_page(i: int) -> tuple[int, frozenset[str], int, int]:
-        page = pages[i]
-        cache.used.clear()
-        hits, misses = cache.hits, cache.misses
-        # the export step, in the process that renders the page listing the exports (which reads them)
-        files = sorted(exports.files().items()) if page.kind == LISTS_EXPORTS else []
-        files.append((page.path, _render(env, page, site, base_url)))
-        if page.path in raw:
-            files.append((page.path.removesuffix("index.html") + "solution.py",
-                          data.solutions[raw[page.path]].encode()))
-        write_files(new, files, made, spare)
-        return len(files), frozenset(cache.used), cache.hits - hits, cache.misses - misses
 
-    done = workers.map_indices(write_page, len(pages))
-    cache.used = set().union(*(used for _, used, _, _ in done))
-    cache.hits, cache.misses = sum(d[2] for d in done), sum(d[3] for d in done)
-    write_files(new, sorted(rest.items()), made, spare)
-    return sum(d[0] for d in done) + len(rest)
+class _Build:
+    """One build's output: every page and file of the new site, and which of them to render and write.
+
+    A run's solution, as the grader read it, lies beside its page (the run page's "raw solution.py" link)
+    only where the page's text would not give it back (`highlight.page_gives_back`), written by the worker
+    that renders the page; elsewhere the browser makes the raw file from the page. The export step (the CSV and JSON of
+    `exports`, the slowest meta files to make) runs in a worker too, in parallel with the other pages,
+    and right before the page that lists their sizes, so they are made once."""
+
+    def __init__(self, data: SiteData, pages: list[Page], exports: Exports, site: dict[str, Any],
+                 base_url: str | None, fingerprint: str, keys: dict[str, str], new: Path) -> None:
+        self.data, self.pages, self.exports, self.site, self.base_url = data, pages, exports, site, base_url
+        self.keys, self.new = keys, new
+        self.raw = {page_path("run", gpu=r.gpu, run_id=r.run_id): r.run_id for r in data.results
+                    if r.run_id in data.solutions and not page_gives_back(data.solutions[r.run_id])}
+        tables = {rel: path.read_bytes() for rel, path in sorted(data.table_files.items())}
+        meta = {"robots.txt": robots(base_url), MANIFEST: manifest_bytes(keys)}
+        if base_url is not None:
+            meta["sitemap.xml"] = sitemap(base_url, [p.path for p in pages])
+        self.rest = {**_assets(fingerprint), **tables, **meta}
+        self.n_files = len(pages) + len(self.raw) + len(self.rest) + len(exports.names)
+        self.spare: Spare | None = None  # what `new` holds that this build keeps (`plan_writes`)
+
+    def files_of(self, page: Page) -> list[str]:
+        """The files one page's task writes: the page, its raw solution.py, the exports it lists."""
+        own = [page.path]
+        if page.path in self.raw:
+            own.append(page.path.removesuffix("index.html") + "solution.py")
+        if page.kind == LISTS_EXPORTS:
+            own += self.exports.names
+        return own
+
+    def plan_writes(self, out_dir: Path, spare: Spare | None, previous: dict[str, str]) -> tuple[list[int], list[str]]:
+        """Which pages to render (indices), and what was removed from the adopted `spare` because the new
+        site lacks it. A page is skipped when its key is the one the published site was built with and
+        every file it writes is already in `spare` as the published file itself (the same inode)."""
+        if spare is None:
+            return list(range(len(self.pages))), []
+        wanted = [f for page in self.pages for f in self.files_of(page)] + [*self.rest]
+        kept, removed = clear_stale(self.new, spare, wanted)
+        self.spare = kept
+        todo, published = [], str(out_dir)
+        for i, page in enumerate(self.pages):
+            if previous.get(page.path) != self.keys[page.path] or not all(
+                    kept.files.get(rel) == _inode(os.path.join(published, rel)) for rel in self.files_of(page)):
+                todo.append(i)
+        return todo, removed
+
+    def write(self, todo: list[int], workers: Workers) -> list[str]:
+        """Render and write the pages of `todo` (spread over `workers`), then the rest of the site;
+        returns the files written (new, or bytes changed)."""
+        env = make_env()
+        spare = self.spare
+        made: set[str] = set()
+
+        def write_page(j: int) -> list[str]:
+            page = self.pages[todo[j]]
+            # the export step, in the process that renders the page listing the exports (which reads them)
+            files = sorted(self.exports.files().items()) if page.kind == LISTS_EXPORTS else []
+            files.append((page.path, _render(env, page, self.site, self.base_url)))
+            if page.path in self.raw:
+                files.append((page.path.removesuffix("index.html") + "solution.py",
+                              self.data.solutions[self.raw[page.path]].encode()))
+            return write_files(self.new, files, made, spare)
+
+        done = workers.map_indices(write_page, len(todo))
+        rest = write_files(self.new, sorted(self.rest.items()), made, spare)
+        return [rel for chunk in done for rel in chunk] + rest
+
+
+def _inode(path: str) -> int | None:
+    try:
+        return os.lstat(path).st_ino
+    except OSError:
+        return None

@@ -1,7 +1,7 @@
 """What each page shows: the template context of the home, problem and run pages.
 
 Contexts hold the loaded records themselves (templates read their fields under StrictUndefined)
-plus what a template should not compute: charts, rendered Markdown, highlighted source, and the
+plus what a template should not compute: charts, rendered Markdown, the source tagged with its language, and the
 printed arithmetic behind each headline number. Links are made in the templates with `url()`.
 """
 
@@ -43,7 +43,7 @@ from .board import (
 )
 from .fastest import FastestLines, ShapeLines, summary
 from .format import model_slug, num, pct, speedup
-from .highlight import HighlightCache
+from .highlight import Code, code, page_gives_back
 from .load import CPU_KEY, Hardware, Problem, Result, SiteData
 from .run_notes import run_times, stale_claim
 
@@ -394,23 +394,20 @@ class Sidecar:
 
     name: str
     size: int
-    html: Markup | None  # highlighted; None when it is not shown
+    code: Code | None  # None when it is not shown
     why: str | None  # why it is not shown (too large, not UTF-8 text)
 
 
-def _sidecars(data: SiteData, run_id: str, highlight: HighlightCache) -> tuple[Sidecar, ...]:
-    """A submission's sidecar files, each highlighted in the language its name says (a .cu as CUDA)."""
-    return tuple(Sidecar(f.name, f.size, highlight.html(f.text, f.name) if f.text is not None else None, f.why)
+def _sidecars(data: SiteData, run_id: str) -> tuple[Sidecar, ...]:
+    """A submission's sidecar files, each tagged with the language its name says (a .cu as C++)."""
+    return tuple(Sidecar(f.name, f.size, code(f.text, f.name) if f.text is not None else None, f.why)
                  for f in data.sidecars.get(run_id, ()))
 
 
-def run(data: SiteData, result: Result, lines: FastestLines | None = None,
-        highlight: HighlightCache | None = None) -> dict[str, Any]:
-    """A run page. `lines`: the build's `FastestLines`; `highlight`: the build's highlight cache (each
-    made here, for this page alone, when not given)."""
+def run(data: SiteData, result: Result, lines: FastestLines | None = None) -> dict[str, Any]:
+    """A run page. `lines`: the build's `FastestLines` (made here, for this page alone, when not given)."""
     the_run = data.runs[result.run_id]
     lines = FastestLines(data.baselines) if lines is None else lines
-    highlight = HighlightCache() if highlight is None else highlight
     vs_fastest = lines.of(the_run.bench, the_run.problem, result)
     prob = data.problems[(the_run.bench, the_run.problem)]
     source = data.solutions.get(result.run_id)
@@ -436,16 +433,18 @@ def run(data: SiteData, result: Result, lines: FastestLines | None = None,
         "fastest_arithmetic": _arithmetic(list(vs_fastest.terms)) if vs_fastest is not None else None,
         "shape_params": {s.shape_idx: _params(s.shape_json) for s in result.shapes},
         "peak_text": peak_text(prob, data.hardware.get(result.gpu)),
-        "source_html": highlight.html(source) if source is not None else None,
+        "source_code": code(source) if source is not None else None,
         "stale_claim": stale_claim(source, result),
-        "sidecars": _sidecars(data, result.run_id, highlight),
+        "sidecars": _sidecars(data, result.run_id),
         "measured": MeasuredBy.of_results([result], metric),
         "no_speedup": no_speedup_reason(result),
         "off_board": off_board_label(result),
         "source_files": source_files(the_run.source),
         "trace_href": _safe_href(the_run.trace_url),
         "trace_host": urlsplit(the_run.trace_url).hostname if _safe_href(the_run.trace_url) else None,
-        "solution_href": "solution.py" if source is not None else None,
+        # the raw file: made by the browser from the page's text, or published beside the page where the
+        # page's text would not give back the same bytes (render._Build writes it then)
+        "solution_href": None if source is None else "" if page_gives_back(source) else "solution.py",
         "annotation": data.annotations.get(result.run_id),
         "log_href": f"data/results/{result.log_path}" if f"data/results/{result.log_path}" in data.table_files
         else None,

@@ -8,6 +8,7 @@ builds the boards once per site build and hands out the context of each page.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -68,11 +69,14 @@ def _lab(runs: list[Run]) -> str | None:
 
 
 class ModelPages:
-    """The boards of one build, computed once, and the context of every GPU and model page."""
+    """The boards of one build, computed once, and the context of every GPU and model page.
+
+    The boards are computed on first use, in whichever process renders the first GPU or model page: a
+    rebuild that renders none of them (one edited solution) does not pay for them (0.4 s at 10,000
+    runs), and the page lists (`gpus`, `models`) do not need them."""
 
     def __init__(self, data: SiteData) -> None:
         self.data = data
-        self.boards = build_boards(data)
         self.runs_by_model: dict[str, list[Run]] = defaultdict(list)
         for run in data.runs.values():
             self.runs_by_model[run.model].append(run)
@@ -86,10 +90,15 @@ class ModelPages:
 
     # ---------------------------------------------------------------------------------- lists
 
-    @property
+    @functools.cached_property
+    def boards(self) -> tuple[Board, ...]:
+        return build_boards(self.data)
+
+    @functools.cached_property
     def gpus(self) -> list[str]:
-        """Every GPU key with a board, in page order (CPU test timings last)."""
-        return gpu_order(b.gpu for b in self.boards)
+        """Every GPU key with a board, in page order (CPU test timings last): `build_boards` makes one per
+        (GPU, bench) with a result on the board. Cached: model pages sort by it once per result."""
+        return gpu_order(r.gpu for r in self.data.results if not r.off_board)
 
     @property
     def models(self) -> list[str]:

@@ -17,9 +17,9 @@ if TYPE_CHECKING:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _private_highlight_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Site builds in tests keep their highlight cache in the session's temp folder, not in ~/.cache."""
-    os.environ["KERNELBOARD_CACHE"] = str(tmp_path_factory.mktemp("highlight-cache"))
+def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Tests keep kernelboard's cache ($KERNELBOARD_CACHE) in the session's temp folder, not in ~/.cache."""
+    os.environ["KERNELBOARD_CACHE"] = str(tmp_path_factory.mktemp("kernelboard-cache"))
 
 
 @pytest.fixture(scope="session")

@@ -27,8 +27,6 @@ def test_every_table_has_a_caption_and_scoped_headers(built_site: Path) -> None:
         root = parse(path)
         assert root.get("lang") == "en", rel
         for table in root.iter("table"):
-            if table.get("class") == "highlighttable":  # Pygments' line numbers beside the code: layout
-                continue
             prose = _ancestors(root, table) & {"readme", "prose"}  # Markdown tables have no caption syntax
             if not prose and (table.find("caption") is None or not text(table.find("caption"))):
                 missing.append(f"{rel}: table.{table.get('class')} has no caption")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from browsing import ARTIFACTS, needs_chromium, watch
-from site_fixtures import GPU, PROBLEM
+from site_fixtures import GPU, PASS, PROBLEM, SiteInputs
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser
@@ -34,14 +34,20 @@ def test_home_to_problem_page_draws_the_charts(browser: Browser, site_url: str) 
     page.close()
 
 
-def test_a_cell_leads_to_its_run_page_with_highlighted_source(browser: Browser, site_url: str) -> None:
+def test_a_cell_leads_to_its_run_page_with_highlighted_source(browser: Browser, site_url: str,
+                                                               site_inputs: SiteInputs) -> None:
+    """The page carries the source as escaped text; highlight.js (static/code.js) colours it on load."""
     page = browser.new_page()
     problems = watch(page)
     page.goto(site_url)
     page.locator(f"#board-{GPU}-hard td.best a").click()
     page.wait_for_url("**/runs/h200/*/")
     assert page.locator(".headline .big").inner_text() == "1.86×"
-    assert page.locator(".highlight .k").count() > 0  # Pygments' CSS classes are in the page
+    code = page.locator("#source pre code.language-python")
+    code.locator("span.hljs-keyword").first.wait_for()  # highlighted in the browser
+    assert code.locator("span.hljs-keyword", has_text="def").count() > 0
+    source = (site_inputs.data_dir / "submissions" / "hard" / PASS / "solution.py").read_text(encoding="utf-8")
+    assert page.url.endswith(f"/{PASS}/") and code.inner_text().strip() == source.strip()
     assert problems == []
     page.close()
 
@@ -53,6 +59,35 @@ def test_the_boards_read_without_javascript(browser: Browser, site_url: str) -> 
     rows = page.locator(f"#gpu-{GPU} table.submissions tbody tr")
     assert rows.count() == 5
     assert "1.86×" in rows.nth(1).inner_text()
+    context.close()
+
+
+def test_the_raw_solution_downloads_as_the_grader_read_it(browser: Browser, site_url: str,
+                                                         site_inputs: SiteInputs) -> None:
+    """The raw file is made in the browser from the page's text: the same bytes as the submission's file."""
+    page = browser.new_page()
+    problems = watch(page)
+    page.goto(f"{site_url}runs/{GPU}/{PASS}/")
+    with page.expect_download() as event:
+        page.locator("a.button", has_text="raw solution.py").click()
+    download = event.value
+    assert download.suggested_filename == "solution.py"
+    expected = (site_inputs.data_dir / "submissions" / "hard" / PASS / "solution.py").read_bytes()
+    assert Path(download.path()).read_bytes() == expected
+    assert problems == []
+    page.close()
+
+
+def test_the_source_reads_without_javascript(browser: Browser, site_url: str, site_inputs: SiteInputs) -> None:
+    """Without JavaScript the run page shows the whole source, as text, beside its line numbers."""
+    context = browser.new_context(java_script_enabled=False)
+    page = context.new_page()
+    page.goto(f"{site_url}runs/{GPU}/{PASS}/")
+    source = (site_inputs.data_dir / "submissions" / "hard" / PASS / "solution.py").read_text(encoding="utf-8")
+    code = page.locator("#source pre code.language-python")
+    assert code.inner_text().strip() == source.strip() and code.locator("span").count() == 0
+    numbers = page.locator("#source pre.linenos").inner_text().split()
+    assert numbers == [str(n) for n in range(1, len(source.splitlines()) + 1)]
     context.close()
 
 

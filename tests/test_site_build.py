@@ -74,7 +74,8 @@ def test_two_builds_are_byte_identical(site_inputs: SiteInputs, built_site: Path
     build_site(site_inputs.data_dir, site_inputs.decks_dir, again)
     build_site(site_inputs.data_dir, site_inputs.decks_dir, again)  # replacing a previous build
     assert _snapshot(again) == _snapshot(built_site)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["dist"], "temporary folders left behind"
+    # no temporary folder left behind; the input files' digests are kept (fingerprint.Hashes)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".dist.hashes", "dist"]
 
 
 def test_the_date_is_source_date_epoch_or_the_newest_grading(site_inputs: SiteInputs, tmp_path: Path,
@@ -97,7 +98,7 @@ def test_a_failed_build_leaves_the_previous_site_untouched(fresh_inputs: SiteInp
         build_site(fresh_inputs.data_dir, fresh_inputs.decks_dir, out)
     assert "results.parquet: cannot read as parquet" in str(exc.value)
     assert _snapshot(out) == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["dist", "inputs"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".dist.hashes", "dist", "inputs"]
 
 
 def test_a_headline_that_is_not_the_geomean_of_its_shapes_is_a_data_error(fresh_inputs: SiteInputs,
@@ -261,9 +262,9 @@ def test_the_site_never_imports_torch_or_the_grader_workers(site_inputs: SiteInp
 
 def test_run_pages_offer_the_raw_solution_and_problem_pages_chart_each_shape(built_site: Path) -> None:
     run_dir = built_site / "runs" / GPU / PASS
-    links = [a.get("href") for a in _tree(run_dir / "index.html").iter("a")]
-    assert "solution.py" in links
-    assert (run_dir / "solution.py").read_text().startswith(("import", '"""', "#", "from"))
+    raw = [a for a in _tree(run_dir / "index.html").iter("a") if a.get("data-raw-from") == "solution-code"]
+    assert len(raw) == 1 and raw[0].get("download") == "solution.py"  # made by static/code.js from the page
+    assert not (run_dir / "solution.py").exists()  # the page's text gives the file back (test_site_browser.py)
     problem_page = (built_site / "problems" / "hard" / PROBLEM / "index.html").read_text()
     assert f'id="chart-shapes-{GPU}"' in problem_page  # per-shape speedups beside the geomean
     assert "x-thin-open" in problem_page  # failed and DNF submissions are marked on the speedup chart

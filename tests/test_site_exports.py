@@ -42,7 +42,7 @@ def test_a_table_rewritten_with_the_same_size_and_mtime_gets_fresh_exports(fresh
     table = pq.read_table(path)
     pq.write_table(table, path, compression="none")  # uncompressed: an edit of the same length keeps the size
     out = tmp_path / "dist"
-    build_site(fresh_inputs.data_dir, fresh_inputs.decks_dir, out, cache_dir=False)
+    build_site(fresh_inputs.data_dir, fresh_inputs.decks_dir, out)
     csv_messages, json_messages = _messages(out)
     assert csv_messages == json_messages and any("stress case" in m for m in csv_messages)
 
@@ -56,7 +56,7 @@ def test_a_table_rewritten_with_the_same_size_and_mtime_gets_fresh_exports(fresh
     after = path.stat()
     assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
 
-    report = build_site(fresh_inputs.data_dir, fresh_inputs.decks_dir, out, cache_dir=False)
+    report = build_site(fresh_inputs.data_dir, fresh_inputs.decks_dir, out)
     assert not report.unchanged  # the fingerprint hashes contents, so the change is seen
     published = set(pq.read_table(out / "data" / "results" / "h200" / "results.parquet")["message"].to_pylist())
     assert any("stress test" in m for m in published)

@@ -1,69 +1,55 @@
-"""Highlighted source: each build (and each page plan) highlights through the cache it is handed."""
+"""Kernel source on run pages: escaped text tagged with its language, for highlight.js in the browser
+(the browser side is tests/test_site_browser.py and tests/test_site_theme.py)."""
 
 from __future__ import annotations
 
-import threading
-from itertools import chain
 from pathlib import Path
 
 import pytest
-from site_fixtures import SiteInputs
+from site_fixtures import GPU, PASS, SiteInputs
+from site_pages import parse
 
-from kernelboard.sitegen import build_site, render
-from kernelboard.sitegen.highlight import HighlightCache
+from kernelboard.sitegen.highlight import code, language_for
 from kernelboard.sitegen.load import load_site
-from kernelboard.sitegen.pages import plan
 
 
-def _entries(cache_dir: Path) -> set[str]:
-    return {p.name for p in (cache_dir / "highlight").rglob("*.html")}
+@pytest.mark.parametrize(("name", "language"), [
+    ("solution.py", "python"), ("kernel.cu", "cpp"), ("kernel.CUH", "cpp"), ("helpers.h", "cpp"),
+    ("ops.cpp", "cpp"), ("notes.txt", "plaintext"), ("Makefile", "plaintext"), ("setup.cfg", "plaintext"),
+])
+def test_each_file_is_tagged_with_the_language_its_name_says(name: str, language: str) -> None:
+    assert language_for(name) == language
 
 
-def test_two_plans_rendered_in_turn_each_use_their_own_cache(site_inputs: SiteInputs) -> None:
-    """The same run pages from two plans, rendered alternately in one process: each page highlights
-    through its plan's cache, and both give the same source HTML."""
-    data = load_site(site_inputs.data_dir, site_inputs.decks_dir)
-    first, second = HighlightCache(), HighlightCache()
-    runs = [[p for p in plan(data, highlight=cache) if p.kind == "run"] for cache in (first, second)]
-    sources = {r.run_id: data.solutions.get(r.run_id) for r in data.results}
-    assert len(set(filter(None, sources.values()))) > 1  # several distinct sources to highlight
-    html = [[page.context()["source_html"] for page in pair] for pair in zip(*runs, strict=True)]
-    assert all(a == b for a, b in html) and any(a is not None for a, _ in html)
-    assert first.used == second.used and first.misses == second.misses == len(first.used)
-    assert HighlightCache().used == set()  # a fresh cache starts empty: nothing is shared between them
+@pytest.mark.parametrize(("source", "lines"), [("", 1), ("a", 1), ("a\n", 1), ("a\nb", 2), ("a\nb\n\n", 3)])
+def test_one_line_number_per_line(source: str, lines: int) -> None:
+    assert code(source).line_numbers.split("\n") == [str(n) for n in range(1, lines + 1)]
 
 
-def test_two_builds_at_once_fill_their_own_cache_folders(site_inputs: SiteInputs, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two builds in two threads, each with its own cache folder, both planned before either renders.
-    The cache used to be a module global that each build swapped in: the build that swapped first
-    rendered through the other's cache, so its folder stayed empty (and the global was left pointing at
-    a finished build's cache). Now each build's pages carry the build's cache."""
-    barrier = threading.Barrier(2, timeout=60)
-    real_plan = render.plan
+def test_the_run_page_carries_the_source_escaped_and_whole(built_site: Path, site_inputs: SiteInputs) -> None:
+    """The source is in the HTML as text (what a reader without JavaScript sees), escaped, byte for byte,
+    with no server-side highlighting markup in it."""
+    source = load_site(site_inputs.data_dir, site_inputs.decks_dir).solutions[PASS]
+    page = built_site / "runs" / GPU / PASS / "index.html"
+    elements = [c for c in parse(page).iter("code") if (c.get("class") or "").startswith("language-")]
+    assert [c.get("class") for c in elements] == ["language-python"]
+    assert "".join(elements[0].itertext()) == source and len(elements[0]) == 0  # no child elements
+    html = page.read_text(encoding="utf-8")
+    assert 'type="module"' in html and "static/code.js" in html
+    if "<" in source:
+        assert "&lt;" in html
 
-    def plan_then_wait(*args: object, **kwargs: object) -> list:
-        pages = real_plan(*args, **kwargs)
-        barrier.wait()  # both builds have planned (and chosen their cache) before either renders
-        return pages
 
-    monkeypatch.setattr(render, "plan", plan_then_wait)
-    caches, outs = [tmp_path / "cache-a", tmp_path / "cache-b"], [tmp_path / "dist-a", tmp_path / "dist-b"]
-    errors: list[BaseException] = []
+def test_a_source_the_page_cannot_give_back_is_published_as_its_file(fresh_inputs: SiteInputs, tmp_path: Path) -> None:
+    """A NUL does not survive HTML parsing (it reads back as U+FFFD), so such a solution lies beside its
+    page, linked plainly."""
+    from kernelboard.sitegen import build_site
 
-    def build(i: int) -> None:
-        try:
-            build_site(site_inputs.data_dir, site_inputs.decks_dir, outs[i], cache_dir=caches[i], jobs=1)
-        except BaseException as exc:  # handed to the test thread below
-            errors.append(exc)
-            barrier.abort()
-
-    threads = [threading.Thread(target=build, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
-    assert _entries(caches[0]) == _entries(caches[1]) != set()
-    pages = [{p.relative_to(out): p.read_bytes() for p in out.rglob("*.html")} for out in outs]
-    assert pages[0] == pages[1] and any(b"highlighttable" in html for html in chain(pages[0].values()))
+    path = fresh_inputs.data_dir / "submissions" / "hard" / PASS / "solution.py"
+    odd = path.read_bytes() + b"# a NUL: \0\n"
+    path.write_bytes(odd)
+    out = tmp_path / "dist"
+    build_site(fresh_inputs.data_dir, fresh_inputs.decks_dir, out)
+    run_dir = out / "runs" / GPU / PASS
+    assert (run_dir / "solution.py").read_bytes() == odd
+    assert "solution.py" in [a.get("href") for a in parse(run_dir / "index.html").iter("a")]

@@ -169,7 +169,7 @@ def test_every_page_is_strictly_valid_html_with_captioned_tables(site: Path) -> 
     for rel, path in html_pages(site).items():
         html5lib.HTMLParser(strict=True).parse(path.read_bytes())
         for table in parse(path).iter("table"):  # the site's own tables (Markdown's have no class, nor caption)
-            if table.get("class") not in (None, "highlighttable"):
+            if table.get("class") is not None:
                 caption = table.find("caption")
                 assert caption is not None and text(caption), f"{rel}: table.{table.get('class')} has no caption"
 
@@ -222,8 +222,10 @@ def test_the_imported_board_in_chromium(browser: Browser, url: str) -> None:
     assert [sources.nth(i).get_attribute("href") for i in range(sources.count())] == NOVA_SOURCES
     cu = page.locator("#source h3", has_text="kernel.cu")
     assert cu.is_visible()
-    code = page.locator("#source .highlight").nth(1)  # solution.py's, then kernel.cu's
+    code = page.locator("#source pre code").nth(1)  # solution.py's, then kernel.cu's
     assert "__global__" in code.inner_text() and "</script><b>not markup</b>" in code.inner_text()
+    assert code.get_attribute("class").split()[:1] == ["language-cpp"]  # a .cu reads as C++
+    code.locator(".hljs-keyword").first.wait_for()  # highlighted in the browser, the text unchanged
     assert "Not shown: not UTF-8 text." in page.locator("#source").inner_text()
     assert page.locator("a.button", has_text="agent trace").get_attribute("href", timeout=1000).startswith(
         "https://huggingface.co/")

@@ -182,7 +182,8 @@ def test_the_script_model_is_escaped_everywhere(site: Path) -> None:
     evil = (site / "models" / model_slug(EVIL_MODEL) / "index.html").read_text()
     assert "Evil &lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in evil
     scripts = [e.get("src") for p in pages for e in _tree(p).iter("script")]
-    assert all(s is not None and s.endswith(("static/sort.js", "static/tabs.js", "static/plotly.min.js"))
+    assert all(s is not None and s.endswith(("static/sort.js", "static/tabs.js", "static/plotly.min.js",
+                                                       "static/code.js"))
                for s in scripts)
 
 

@@ -43,7 +43,8 @@ def test_a_worker_that_fails_leaves_the_previous_site_untouched(site_inputs: Sit
     with pytest.raises(RuntimeError, match="cannot render"):
         build_site(site_inputs.data_dir, site_inputs.decks_dir, out, jobs=2, force=True)
     assert _files(out) == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["dist"]  # no half-written folder left beside it
+    # no half-written folder left beside it (the input files' digests are kept: fingerprint.Hashes)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".dist.hashes", "dist"]
 
 
 def test_swap_in_replaces_the_previous_site_and_removes_it(tmp_path: Path) -> None:
@@ -82,7 +83,7 @@ def test_a_large_site_keeps_a_spare_that_the_next_build_rewrites_into_the_same_b
     for _ in range(2):
         build_site(site_inputs.data_dir, site_inputs.decks_dir, out, jobs=2, force=True)
     spare = out.parent / ".dist.spare"
-    assert sorted(p.name for p in out.parent.iterdir()) == [".dist.spare", "dist"]
+    assert sorted(p.name for p in out.parent.iterdir()) == [".dist.data", ".dist.hashes", ".dist.spare", "dist"]
     # junk in the spare: a stale page, a file where a folder belongs, a folder where a file belongs, a link
     (spare / "runs" / "gone" / "r0").mkdir(parents=True)
     (spare / "runs" / "gone" / "r0" / "index.html").write_text("stale")
@@ -97,7 +98,7 @@ def test_a_large_site_keeps_a_spare_that_the_next_build_rewrites_into_the_same_b
     assert (out / "runs").stat().st_ino == before  # the spare's folders, taken over
     assert _files(out) == _files(fresh)
     assert not (tmp_path / "outside.html").exists()
-    assert sorted(p.name for p in out.parent.iterdir()) == [".dist.spare", "dist"]
+    assert sorted(p.name for p in out.parent.iterdir()) == [".dist.data", ".dist.hashes", ".dist.spare", "dist"]
 
 
 def test_a_failed_large_build_gives_the_spare_back(site_inputs: SiteInputs, tmp_path: Path,
@@ -115,4 +116,4 @@ def test_a_failed_large_build_gives_the_spare_back(site_inputs: SiteInputs, tmp_
     with pytest.raises(RuntimeError, match="cannot render"):
         build_site(site_inputs.data_dir, site_inputs.decks_dir, out, jobs=2, force=True)
     assert _files(out) == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".dist.spare", "dist"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".dist.data", ".dist.hashes", ".dist.spare", "dist"]

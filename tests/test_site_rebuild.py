@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -127,3 +128,25 @@ def test_a_site_without_a_fingerprint_is_rebuilt(inputs: SiteInputs, tmp_path: P
     marker.write_text(marker.read_text().split(fp.PREFIX)[0], encoding="utf-8")
     assert fp.recorded(out, MARKER) is None
     assert not build_site(inputs.data_dir, inputs.decks_dir, out).unchanged
+
+
+def test_a_file_is_read_again_only_when_its_stat_changed(inputs: SiteInputs, tmp_path: Path) -> None:
+    """Digests are remembered by stat beside the site; an edit (new ctime) is read again, the rest not."""
+    out = tmp_path / "dist"
+    first = fp.Hashes(tmp_path / "hashes")
+    before = fp.digests(inputs.data_dir, inputs.decks_dir, None, first)
+    first.save()
+    assert first.hashed > 10
+    time.sleep(0.01)
+    again = fp.Hashes(tmp_path / "hashes")
+    again._saved_ns += fp._RACY_NS  # as if saved two seconds after the files last changed (not racy)
+    assert fp.digests(inputs.data_dir, inputs.decks_dir, None, again) == before and again.hashed == 0
+    _edit_solution(inputs)
+    third = fp.Hashes(tmp_path / "hashes")
+    third._saved_ns += fp._RACY_NS
+    after = fp.digests(inputs.data_dir, inputs.decks_dir, None, third)
+    assert third.hashed == 1 and after["submissions"] != before["submissions"]
+    assert {k: v for k, v in after.items() if k != "submissions"} == {k: v for k, v in before.items()
+                                                                      if k != "submissions"}
+    build_site(inputs.data_dir, inputs.decks_dir, out)
+    assert (tmp_path / ".dist.hashes").is_file()
