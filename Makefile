@@ -70,6 +70,8 @@ lint: $(VENV)/.dev  ## ruff only
 
 bench: $(VENV)/.dev  ## CPU benchmarks, each reported as a ratio against a baseline run beside it
 	$(BIN)/python bench/site_build.py
+	@echo "site_build.py at 10,000 runs (synthetic; a few minutes on 2 cores):"
+	$(BIN)/python bench/site_build.py --runs 10000 --skip-small
 	$(BIN)/python bench/grader_overhead.py
 
 clean:  ## remove built output and caches (keeps the virtualenvs)
