@@ -105,9 +105,18 @@ PROBE_ELEMENTS = 32
 
 def probe_positions(seed: int, numel: int, device: torch.device | str) -> torch.Tensor:
     """PROBE_ELEMENTS distinct flat positions (fewer for a smaller output), reproducible from
-    `seed` in any process."""
+    `seed` in any process: drawn uniformly with repeats redrawn, never by permuting every position
+    (06's headline output has 403 M elements: a permutation took 26 s of CPU per input set on a 2-core machine, in
+    the judge and again in the runner, for 3 timing and up to 60 floor-batch sets a shape)."""
     gen = torch.Generator().manual_seed(int(seed))
-    return torch.randperm(numel, generator=gen)[:PROBE_ELEMENTS].sort().values.to(device)
+    if numel <= 4 * PROBE_ELEMENTS:
+        return torch.randperm(numel, generator=gen)[:PROBE_ELEMENTS].sort().values.to(device)
+    picked: dict[int, None] = {}  # insertion-ordered: the first PROBE_ELEMENTS distinct draws
+    while len(picked) < PROBE_ELEMENTS:
+        for position in torch.randint(numel, (PROBE_ELEMENTS,), generator=gen).tolist():
+            if len(picked) < PROBE_ELEMENTS:
+                picked.setdefault(position)
+    return torch.tensor(sorted(picked), dtype=torch.int64).to(device)
 
 
 def probe(out: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -77,6 +77,21 @@ def test_a_probe_never_refuses_an_output_within_tolerance() -> None:
                                                                 0.02, 0.02)
 
 
+@pytest.mark.parametrize("numel", [1, 31, 32, 128, 129, 1000, 402_653_184])
+def test_probe_positions_are_distinct_in_range_and_the_same_in_every_process(numel: int) -> None:
+    """06's headline output has 403 M elements: positions are drawn, not taken from a permutation."""
+    from kernelboard.eval.correctness import PROBE_ELEMENTS, probe_positions
+
+    positions = probe_positions(11, numel, "cpu")
+    assert positions.dtype == torch.int64 and positions.numel() == min(numel, PROBE_ELEMENTS)
+    assert positions.unique().numel() == positions.numel()  # distinct
+    assert torch.equal(positions, positions.sort().values)
+    assert int(positions.min()) >= 0 and int(positions.max()) < numel
+    assert torch.equal(positions, probe_positions(11, numel, "cpu"))
+    if numel > 4 * PROBE_ELEMENTS:
+        assert not torch.equal(positions, probe_positions(12, numel, "cpu"))
+
+
 def test_a_claim_below_the_judges_clock_is_refused() -> None:
     # Runner's samples sum to half the judge's wall for the same 20 calls: refused in every batch.
     assert "judge's clock" in timing.batch_problem([(20.5, 20, 10.0), (21.0, 20, 10.2)])
