@@ -6,12 +6,22 @@ group's help and the local-folder path need neither.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Protocol
 
 import click
 
 from kernelboard.errors import UsageError
+
+
+class ImportReport(Protocol):
+    """What an import of published boards reports (kbh.KbhReport, mega.MegaReport)."""
+
+    skipped: list[str]
+    warnings: list[str]
+
+    def summary(self) -> str: ...
 
 _DIR = click.Path(file_okay=False, path_type=Path)
 _EXISTING_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
@@ -111,23 +121,14 @@ def kbh(path: Path, bench: str, data_dir: Path, decks_dir: Path, traces_dataset:
         revision: str | None) -> None:
     """Import KernelBench-Hard's published boards (kernelbench.com's repository, or an installation), labelled
     as measured by that grader, with every run's kernel so that it can be regraded."""
-    from kernelboard.errors import DataError
-
     from .kbh import import_kbh
 
     if bench == "mega":
         raise click.ClickException(f"{path}: KernelBench-Mega's results are read by `kernelboard import mega`, "
                                    "not `import kbh` (its columns, kernels and audits differ)")
-    try:
-        report = import_kbh(path, data_dir=data_dir, bench=bench, decks_dir=decks_dir if decks_dir.is_dir() else None,
-                            traces_dataset=traces_dataset, repo=repo, revision=revision)
-    except DataError as exc:
-        raise click.ClickException("\n".join(exc.problems)) from None
-    for line in report.skipped:
-        click.echo(f"skipped: {line}", err=True)
-    for line in report.warnings:
-        click.echo(f"warning: {line}", err=True)
-    click.echo(report.summary())
+    _report(lambda: import_kbh(path, data_dir=data_dir, bench=bench,
+                               decks_dir=decks_dir if decks_dir.is_dir() else None,
+                               traces_dataset=traces_dataset, repo=repo, revision=revision))
 
 
 @import_group.command("mega")
@@ -146,13 +147,19 @@ def mega(path: Path, data_dir: Path, decks_dir: Path, traces_dataset: str | None
          revision: str | None) -> None:
     """Import KernelBench-Mega's published results (results.csv, kernels, audits) from a checkout of
     kernelbench.com's repository, labelled as measured by that grader, with every kernel so that it can be regraded."""
-    from kernelboard.errors import DataError
-
     from .mega import import_mega
 
+    _report(lambda: import_mega(path, data_dir=data_dir, decks_dir=decks_dir if decks_dir.is_dir() else None,
+                                repo=repo, revision=revision, traces_dataset=traces_dataset))
+
+
+def _report(run: Callable[[], ImportReport]) -> None:
+    """Run an import of published boards; print what it skipped and warned of, then its summary, or its
+    problems as one error (one line each)."""
+    from kernelboard.errors import DataError
+
     try:
-        report = import_mega(path, data_dir=data_dir, decks_dir=decks_dir if decks_dir.is_dir() else None,
-                             repo=repo, revision=revision, traces_dataset=traces_dataset)
+        report = run()
     except DataError as exc:
         raise click.ClickException("\n".join(exc.problems)) from None
     for line in report.skipped:
