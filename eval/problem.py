@@ -137,6 +137,11 @@ class Problem:
         formats.py) has the file itself as its `folder`, so a worker can reload it from there."""
         return self.folder if self.folder.suffix == ".py" else self.folder / "reference.py"
 
+    @property
+    def rule_reads_inputs(self) -> bool:
+        """Whether judging an output reads the call's inputs (top-k gathers them), not only the reference's."""
+        return self.output_rule != "allclose"
+
     def shapes_for(self, device: str) -> tuple[Shape, ...]:
         return self.cpu_shapes if device == "cpu" else self.shapes
 

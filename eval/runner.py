@@ -153,21 +153,22 @@ class _Shape:
 
 
 def _scale(value: Any) -> dict[int, float]:
-    """A request's input scaling, {position: factor} (JSON keys are strings); anything else is a broken judge."""
-    if value is None:
-        return {}
-    if not (isinstance(value, dict) and all(isinstance(k, str) and k.isdigit() and type(v) in (int, float)
-                                            for k, v in value.items())):
-        raise ValueError(f"scale must map input positions to numbers, got {value!r}")
-    return {int(k): float(v) for k, v in value.items()}
+    """A request's input scaling, {position: factor} (JSON keys are strings)."""
+    return {int(k): v for k, v in _factor_map(value, "scale", "input positions", str.isdigit).items()}
 
 
 def _factors(value: Any) -> dict[str, float]:
-    """A request's state scaling, {buffer name: factor}; anything else is a broken judge."""
+    """A request's state scaling, {buffer name: factor}."""
+    return _factor_map(value, "state_scale", "buffer names", lambda _: True)
+
+
+def _factor_map(value: Any, field: str, keys: str, key_ok: Callable[[str], bool]) -> dict[str, float]:
+    """{key: factor} from a request; None is none, anything else is a broken judge."""
     if value is None:
         return {}
-    if not (isinstance(value, dict) and all(isinstance(k, str) and type(v) in (int, float) for k, v in value.items())):
-        raise ValueError(f"state_scale must map buffer names to numbers, got {value!r}")
+    if not (isinstance(value, dict) and all(isinstance(k, str) and key_ok(k) and type(v) in (int, float)
+                                            for k, v in value.items())):
+        raise ValueError(f"{field} must map {keys} to numbers, got {value!r}")
     return {k: float(v) for k, v in value.items()}
 
 
