@@ -139,9 +139,10 @@ def judge_values(problem: Problem, ref: Output, outs: tuple[torch.Tensor, ...], 
 
 
 def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int,
-           keep_timing_inputs: bool) -> list[list[torch.Tensor | None]]:
+           keep_timing_inputs: bool) -> tuple[Arena, list[list[torch.Tensor | None]]]:
     """Copy the shape's inputs into shared memory, have the runner build its Model; returns the
-    judge's views of each check's inputs (None for a non-tensor input)."""
+    arena (to unpin once the checks are done) and the judge's views of each check's inputs (None
+    for a non-tensor input)."""
     arena = Arena({"init_args": plan.init_args, "state_dict": plan.state_dict,
                    "checks": [c.inputs for c in plan.checks], "timing": plan.timing_sets, "proof": plan.proof_sets})
     log("worker", f"shape {plan.shape.idx}: {arena.size / 1e9:.2f} GB of inputs and state copied to shared memory")
@@ -151,6 +152,9 @@ def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int,
                  probes=[_probe_spec(s, r) for s, r in zip(plan.timing_seeds, plan.timing_refs, strict=True)],
                  proof_probes=[[_probe_spec(s, r) for s, r in zip(seeds, refs, strict=True)]
                                for seeds, refs in zip(plan.proof_seeds, plan.proof_refs, strict=True)])
+    except BaseException:
+        arena.unpin()
+        raise
     finally:
         arena.close_fd()
     for check in plan.checks:
@@ -158,8 +162,8 @@ def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int,
     plan.timing_inputs = plan.timing_sets if keep_timing_inputs else []  # for rules that read the inputs
     plan.timing_sets = []
     plan.proof_sets = []
-    return [[arena.view(r) if isinstance(r, TensorRef) else None for r in inputs]
-            for inputs in arena.encoded["checks"]]
+    return arena, [[arena.view(r) if isinstance(r, TensorRef) else None for r in inputs]
+                   for inputs in arena.encoded["checks"]]
 
 
 def _probe_spec(seed: int, ref: Output) -> list[list[int]]:
@@ -395,11 +399,14 @@ def grade(job: Job, result: dict[str, Any], phases: Phases, link: RunnerLink) ->
         plan = make_plan(problem, reference, (shape,), seeds, pool_seeds, device, proof_seed=base_seed + 97)[0]
         log("worker", f"shape {shape.idx}: inputs drawn, {len(plan.checks)} reference outputs computed")
         plans.append(plan)
-        shared = _share(link, plan, k, seeds[0], keep_timing_inputs=problem.rule_reads_inputs)
+        arena, shared = _share(link, plan, k, seeds[0], keep_timing_inputs=problem.rule_reads_inputs)
         log("worker", f"shape {shape.idx}: inputs shared, the solution's Model built")
         if device == "cuda":
             torch.cuda.empty_cache()  # the inputs moved to the arena: give their memory back
-        worst = _check_shape(link, problem, plan, k, shared, state)
+        try:
+            worst = _check_shape(link, problem, plan, k, shared, state)
+        finally:
+            arena.unpin()
         n_checks += len(plan.checks)
         plan.checks.clear()  # the next shape's plan may be large (06: GBs per input); the timing refs stay
         del shared

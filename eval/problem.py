@@ -119,7 +119,8 @@ class Problem:
     #: The judge draws the reference Model's parameters and the inputs on the grading device instead
     #: of on the CPU (06: 1.6 G bf16 weights and 1 G-element hidden states per input set, drawn on
     #: the CPU, took most of each shape's minute). The values differ from a CPU draw, and are the same
-    #: on every grading on that device; the solution's Model is still built as KernelBench builds it.
+    #: on every grading on that device. With `weight_transfer` "state_dict" the solution's Model is
+    #: built there too (runner._build_solution: its constructor's draws are overwritten anyway).
     draw_on_device: bool = False
     library: dict[str, str] = field(default_factory=dict)  # library line name -> reference.py function
     #: Compile baselines this problem never measures, as `--skip-baseline` names them for one run

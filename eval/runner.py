@@ -42,7 +42,7 @@ from .correctness import probe, probe_positions
 from .deck import load_problem
 from .plan import apply_shape, build_model, import_file, install_shapes_module, scaled_positions, scaled_state
 from .probe import torch_global_state
-from .protocol import Channel, TensorRef, encode_output, map_arena, resolve, view_of
+from .protocol import Channel, TensorRef, encode_output, map_arena, pin_host, resolve, unpin_host, view_of
 from .timing import Feed, time_cpu, time_cuda
 
 _PR_SET_PDEATHSIG = 1
@@ -187,6 +187,7 @@ class _Runner:
         install_shapes_module(self.shapes)
         self.solution: Any = None
         self.loaded: dict[int, _Shape] = {}
+        self.pinned: torch.Tensor | None = None  # the current shape's arena, while page-locked
         self.flush: torch.Tensor | None = None
         self.l2_bytes = 0
         self.origins: origins.KernelOrigins | None = None  # read once per runner: _op_kernels
@@ -216,18 +217,22 @@ class _Runner:
         return {"l2": l2}, []
 
     def _op_shape(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
+        if self.pinned is not None:
+            unpin_host(self.pinned)
+            self.pinned = None
         for earlier in self.loaded.values():
             earlier.checks = []  # done with: let their shared memory go
         base = map_arena(fds[0], request["arena_size"])
         for extra in fds[1:]:
             os.close(extra)
+        if self.device == "cuda" and pin_host(base):  # every check copies its inputs in and back out
+            self.pinned = base
         values = request["values"]
         apply_shape(self.reference, self.problem, self.shapes[request["shape"]])
         if self.problem.weight_transfer == "seed":
             torch.manual_seed(request["seed"])
         started = time.perf_counter()
-        model = build_model(self.solution, resolve(values["init_args"], base), self.device,
-                            self.problem.solution_class)
+        model, where = self._build_solution(resolve(values["init_args"], base))
         built = time.perf_counter()
         if self.problem.weight_transfer == "state_dict":
             model.load_state_dict(resolve(values["state_dict"], base), strict=True)
@@ -243,11 +248,28 @@ class _Runner:
         proof_probes = [[_Probe(spec, self.device) for spec in batch] for batch in request["proof_probes"]]
         self._sync()
         # Where a shape's set-up time goes (06's headline took minutes here on the H200).
-        print(f"[runner] shape {request['shape']}: its Model built in {built - started:.1f} s, state loaded in "
+        print(f"[runner] shape {request['shape']}: its Model built {where} in {built - started:.1f} s, state loaded in "
               f"{loaded - built:.1f} s, {len(timing)} timing and {sum(map(len, proof))} floor-batch input sets "
               f"placed in {time.perf_counter() - loaded:.1f} s", flush=True)
         self.loaded[request["shape"]] = _Shape(model, checks, timing, probes, proof, proof_probes)
         return {}, []
+
+    def _build_solution(self, init_args: list[Any]) -> tuple[torch.nn.Module, str]:
+        """The solution's Model, and where it was built. As KernelBench builds it (on the CPU, then
+        moved), except for a problem whose reference the judge builds on the GPU (`draw_on_device`)
+        and whose weights are then replaced by the reference's state dict: there the constructor's
+        own draws are thrown away, and on 06's headline shape they took 41 s on the CPU. Built on
+        the GPU, only where a tensor that `__init__` makes outside its parameters and buffers lives
+        can differ; a constructor that fails there is built again on the CPU."""
+        cls = self.problem.solution_class
+        if self.device == "cuda" and self.problem.draw_on_device and self.problem.weight_transfer == "state_dict":
+            try:
+                return build_model(self.solution, init_args, self.device, cls, init_on_device=True), "on the GPU"
+            except Exception as exc:  # any failure there: built as KernelBench builds it
+                print(f"[runner] its Model could not be built on the GPU ({type(exc).__name__}: "
+                      f"{str(exc)[:200]}); building it on the CPU", flush=True)
+                torch.cuda.empty_cache()
+        return build_model(self.solution, init_args, self.device, cls), "on the CPU"
 
     def _op_call(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
         shape = self.loaded[request["shape"]]
