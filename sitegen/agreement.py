@@ -12,10 +12,13 @@ source board, the two verdicts are compared as pass / not pass (`eval.schema.STA
 - **differ**, with a cause class read from our status and message by the explicit rules of `classify`.
   A class that starts "stronger check:" names a check kernelboard runs and the original grader does not
   (a stress case, structural case or seed of ours only, the run-time audits, the integrity checks); those
-  rows are counted and listed apart. A `wrong` on a check both graders run, where theirs graded the
+  rows are counted and listed apart — a numeric stress case included when theirs graded the kernel
+  before it ran any (`THEIRS_NUMERIC_STRESS_SINCE`). A `wrong` on a check both graders run, where theirs graded the
   kernel on another GPU, is the class "other GPU" and counts against the figure (the kernel behaves
   differently there; why is for its run page's log). A difference no rule explains gets an honest "(to explain)" class
-  and `explained=False`, which the methodology page flags: it is never hidden in a catch-all.
+  and `explained=False`, which the methodology page flags: it is never hidden in a catch-all. A
+  difference that the two verdicts cannot explain but the published files do carries that evidence
+  (`EVIDENCE`, by run) beside its class, and still counts against the figure.
 
 The agreement figure is agree / (agree + differ not caused by a stronger check of ours), over the pairs
 not excluded. Everything is computed from `SiteData` at build time, so the table grows as the regrade does.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from kernelboard.eval.deck import Problem
 
@@ -42,6 +46,23 @@ EXCLUDED_THEIRS = ("not_graded", "dnf")
 #: need no entry: the original grader has none (eval/format_kbh.py refuses `structural_stress`).
 OURS_ONLY_CASES: dict[tuple[str, str], frozenset[str]] = {
     ("hard", "07_w4a16_gemm"): frozenset({"small_scales"}),
+}
+
+#: When the original grader first ran numeric stress cases: KernelBench-Hard's `src/eval/numeric_stress.py`
+#: arrived in kernelbench.com commit 90b1afc (2026-06-12 09:24 -06:00). The sweep published the day before
+#: (commit daf0506, "hard: publish v2 containerized sweep leaderboard", runs of 2026-06-10/11) was graded by
+#: check.py files with no stress case, so a published pass graded before this time never met one.
+THEIRS_NUMERIC_STRESS_SINCE = datetime(2026, 6, 12, 15, 24, 22, tzinfo=UTC)
+
+#: Disagreements that no rule can read from the two verdicts, each explained from the published files, by
+#: run_id. The cause is shown in the table beside the class; the pair still counts where its class does.
+EVIDENCE: dict[str, str] = {
+    "20260709_090226_hy3_hy3_05_topk_bitonic": (
+        "their check failed after 6 s; solution.py redirects Python's include path to "
+        "/workspace/problems/05_topk_bitonic/_pyinc/python3.11, a folder of the agent's workspace that the "
+        "published files lack, whenever the include path names python3.11 (their environment's Python); "
+        "under our Python 3.12 the redirect does not apply, and the kernel builds and passes every "
+        "check"),
 }
 
 STRONGER = "stronger check: "
@@ -73,14 +94,18 @@ def their_reason(status: str, message: str) -> str:
     return f"{status} ({reason})" if reason and status != "pass" else status
 
 
-def _wrong_cause(message: str, problem: Problem | None) -> str | None:
-    """The stronger check a `wrong` message names, or None."""
+def _wrong_cause(message: str, problem: Problem | None, their_graded: datetime | None = None) -> str | None:
+    """The stronger check a `wrong` message names, or None; `their_graded` is when theirs graded the kernel."""
     cases = _CASE.findall(message)
     if problem is not None:
         ours_only = OURS_ONLY_CASES.get((problem.bench, problem.name), frozenset())
+        numeric = {case.name for case in problem.numeric_stress}
         for name in cases:
             if name in ours_only:
                 return f"{STRONGER}stress case {name} (ours only)"
+            if name in numeric and their_graded is not None and their_graded < THEIRS_NUMERIC_STRESS_SINCE:
+                return (f"{STRONGER}stress case {name} (theirs graded this kernel on {their_graded:%Y-%m-%d}, "
+                        f"before its stress cases of {THEIRS_NUMERIC_STRESS_SINCE:%Y-%m-%d})")
         ss = problem.structural_stress
         if ss is not None and f"case {ss.function}(" in message:
             return f"{STRONGER}structural case {ss.function} (not run by theirs)"
@@ -123,9 +148,20 @@ def _integrity_cause(message: str) -> str | None:
 
 
 def classify(ours_status: str, ours_message: str, their_status: str, their_message: str = "",
-             problem: Problem | None = None, gpus: tuple[str, str] | None = None) -> Verdict:
+             problem: Problem | None = None, gpus: tuple[str, str] | None = None,
+             their_graded: datetime | None = None, evidence: str | None = None) -> Verdict:
     """Compare our verdict on a kernel with the original grader's (see the module docstring);
-    `gpus` is (ours, theirs) where known."""
+    `gpus` is (ours, theirs) where known, `their_graded` when theirs graded it, `evidence` the
+    kernel's entry in EVIDENCE."""
+    verdict = _classify(ours_status, ours_message, their_status, their_message, problem, gpus, their_graded)
+    if evidence is None or verdict.kind != "differ":
+        return verdict
+    return Verdict("differ", f"{verdict.cause.replace(TO_EXPLAIN, '').rstrip()} — {evidence}" if verdict.cause
+                   else evidence, explained=True)
+
+
+def _classify(ours_status: str, ours_message: str, their_status: str, their_message: str,
+              problem: Problem | None, gpus: tuple[str, str] | None, their_graded: datetime | None) -> Verdict:
     if ours_status in EXCLUDED_OURS:
         return Verdict("excluded", f"ours: {ours_status} (not a verdict on this GPU)")
     if their_status in EXCLUDED_THEIRS:
@@ -137,7 +173,7 @@ def classify(ours_status: str, ours_message: str, their_status: str, their_messa
         return Verdict("differ", f"ours passes where theirs failed: {their_reason(their_status, their_message)}")
     cause = None
     if ours_status == "wrong":
-        cause = _wrong_cause(ours_message, problem)
+        cause = _wrong_cause(ours_message, problem, their_graded)
     elif ours_status == "forbidden":
         cause = _forbidden_cause(ours_message)
     elif ours_status == "integrity_violation":
@@ -237,7 +273,8 @@ def agreement(data: SiteData) -> Agreement:
         if theirs is None:
             continue
         problem = data.problems.get((run.bench, run.problem))
-        verdict = classify(r.status, r.message, theirs.status, theirs.message, problem, (r.gpu, theirs.gpu))
+        verdict = classify(r.status, r.message, theirs.status, theirs.message, problem, (r.gpu, theirs.gpu),
+                           theirs.graded_at, EVIDENCE.get(r.run_id))
         pairs.append(Pair(run, r, theirs, verdict))
     return Agreement(tuple(pairs), len(published), len({p.run.run_id for p in pairs}),
                      tuple(sorted({p.ours.gpu for p in pairs})))

@@ -4,6 +4,7 @@ on hand-made verdicts, the table on the committed data, and its section on the m
 from __future__ import annotations
 
 import dataclasses
+from datetime import UTC, datetime
 from pathlib import Path
 
 import html5lib
@@ -13,8 +14,10 @@ from site_pages import text
 from kernelboard.eval.deck import load_problem
 from kernelboard.eval.schema import STATUSES
 from kernelboard.sitegen.agreement import (
+    EVIDENCE,
     EXCLUDED_OURS,
     OURS_ONLY_CASES,
+    THEIRS_NUMERIC_STRESS_SINCE,
     TO_EXPLAIN,
     Agreement,
     agreement,
@@ -266,3 +269,30 @@ def test_an_unexplained_difference_is_flagged_on_the_page(committed: SiteData) -
     rows = [tr for tr in section.iterfind(".//tbody/tr") if tr.get("class") == "unexplained"]
     assert len(rows) == 1 and GROK_03 in text(rows[0])
     assert f"not explained yet ours fails where theirs passed: runtime_error {TO_EXPLAIN}" in text(rows[0])
+
+
+def test_a_stress_case_theirs_added_after_grading_the_kernel_is_a_stronger_check(deck07) -> None:
+    """fable-5's 03 passed on 2026-06-11, graded by check.py files with no stress case; a stress case
+    both decks have now is a check theirs never ran on it, and the same case after that date is not."""
+    message = f"shape 0 (decode) seed 42 case {deck07.numeric_stress[0].name}: 12 of 4096 elements out of tolerance"
+    before = THEIRS_NUMERIC_STRESS_SINCE.replace(day=11)
+    verdict = classify("wrong", message, "pass", "", deck07, ("h200", "rtx-pro-6000"), their_graded=before)
+    assert verdict.stronger and "2026-06-11" in verdict.cause
+    after = datetime(2026, 7, 9, tzinfo=UTC)
+    verdict = classify("wrong", message, "pass", "", deck07, ("h200", "rtx-pro-6000"), their_graded=after)
+    assert not verdict.stronger and verdict.cause.startswith("other GPU")
+
+
+def test_evidence_explains_a_difference_and_still_counts() -> None:
+    run_id, why = next(iter(EVIDENCE.items()))
+    verdict = classify("pass", "correct on all 80 checks", "wrong", THEIRS_WRONG, evidence=why)
+    assert verdict.kind == "differ" and verdict.explained and not verdict.stronger
+    assert verdict.cause.endswith(why) and verdict.cause.startswith("ours passes where theirs failed")
+    assert classify("pass", "", "pass", "", evidence=why).kind == "agree"  # evidence never turns a verdict
+
+
+def test_every_evidence_entry_is_a_disagreement_in_the_data() -> None:
+    """An entry whose kernel now agrees (or was never graded) is stale: the table would not show it."""
+    pairs = {p.run.run_id: p for p in agreement(load_site(DATA, DECKS)).pairs}
+    for run_id in EVIDENCE:
+        assert run_id in pairs and pairs[run_id].verdict.kind == "differ", run_id
