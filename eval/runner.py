@@ -71,6 +71,15 @@ def _place(value: Any, device: str) -> tuple[Any, torch.Tensor | None]:
     return live, value.view
 
 
+def _raise_unchecked_launch_error() -> None:
+    """A launch inside the call that failed (no kernel image for this GPU, too much shared memory asked
+    for) and that the candidate's code never checked leaves its output unwritten and CUDA's last error
+    set. One checked launch of ours raises that error, so the call is the runtime error it is, in
+    CUDA's own words (which tell `needs_other_arch` apart), not a wrong output: grok-4.5's 07 of
+    2026-07-08 builds its decode kernel for sm_120a only and returned zeros on the H200."""
+    torch.empty(1, device="cuda").fill_(1)  # a fill kernel: its launch check reads the last error
+
+
 class _Probe:
     """Where one input set's outputs are probed: judge-seeded element positions per part, made
     when the shape is loaded (never inside a timed region or a floor batch); the spec is
@@ -284,6 +293,8 @@ class _Runner:
             with torch.no_grad(), scaled_state(shape.model, _factors(request.get("state_scale"))):
                 out = shape.model(*args)
         self._sync()
+        if self.device == "cuda":
+            _raise_unchecked_launch_error()
         for arg, view in placed:
             if view is not None:
                 view.copy_(arg)  # what the call did to its inputs, for the judge to see
