@@ -73,11 +73,13 @@ def weights(out: Path) -> None:
     """Page weights of one page of each kind, and which pages load plotly.js."""
     def first(pattern: str) -> Path:
         return sorted(out.glob(pattern))[0]
+    runs = sorted(p for p in out.glob("runs/*/*/index.html") if p.parts[-3] != "page")  # not the index's pages
     picks = {"home": out / "index.html", "problem": first("problems/*/*/index.html"),
-             "run": first("runs/*/*/index.html"), "gpu": first("gpu/*/index.html"),
+             "run": runs[0], "gpu": first("gpu/*/index.html"), "runs index (a page)": out / "runs" / "index.html",
              "plotly bundle": out / "static" / "plotly.min.js"}
+    if (out / "runs" / "runs.json").is_file():
+        picks["runs.json (the filter's)"] = out / "runs" / "runs.json"
     print("page weights: " + ", ".join(f"{k} {p.stat().st_size / 1e3:,.0f} KB" for k, p in picks.items()))
-    runs = sorted(out.glob("runs/*/*/index.html"))
     print(f"  run pages: {len(runs)}, largest {max(p.stat().st_size for p in runs) / 1e3:,.0f} KB; "
           f"problem pages: largest {max(p.stat().st_size for p in out.glob('problems/*/*/index.html')) / 1e3:,.0f} KB")
     pages = sorted(out.rglob("index.html"))

@@ -36,6 +36,8 @@ PAGES: dict[str, PageKind] = {
     "downloads": PageKind("downloads.html", "downloads/index.html"),
     "data": PageKind("data.html", "data/index.html"),
     "runs": PageKind("runs.html", "runs/index.html"),
+    "runs_page": PageKind("runs.html", "runs/page/{n}/index.html"),  # the index's pages after the first
+    "runs_json": PageKind("runs.json", "runs/runs.json"),  # every run, compact: what the filter reads
     "efficiency": PageKind("efficiency.html", "efficiency/index.html"),
     "gpu": PageKind("gpu.html", "gpu/{gpu}/index.html"),
     "models": PageKind("models.html", "models/index.html"),
@@ -109,6 +111,10 @@ def plan(data: SiteData, *, exports: Exports | None = None) -> list[Page]:
         pages.append(Page("efficiency", page_path("efficiency"), partial(views_efficiency.efficiency, data)))
     if data.runs:  # every run (filterable), one leaderboard page per GPU, the models index, one page per model
         pages.append(Page("runs", page_path("runs"), partial(views_runs.runs_index, data)))
+        pages += [Page("runs_page", page_path("runs_page", n=str(n)), partial(views_runs.runs_index, data, n))
+                  for n in range(2, views_runs.page_count(data) + 1)]
+        if views_runs.page_count(data) > 1:
+            pages.append(Page("runs_json", page_path("runs_json"), partial(views_runs.runs_json, data)))
         models = views_models.ModelPages(data)
         pages += [Page("gpu", page_path("gpu", gpu=gpu), partial(models.gpu, gpu)) for gpu in models.gpus]
         pages.append(Page("models", page_path("models"), models.index))

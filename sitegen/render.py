@@ -282,7 +282,7 @@ class _Build:
         tables = {rel: path.read_bytes() for rel, path in sorted(data.table_files.items())}
         meta = {"robots.txt": robots(base_url), MANIFEST: manifest_bytes(keys)}
         if base_url is not None:
-            meta["sitemap.xml"] = sitemap(base_url, [p.path for p in pages])
+            meta["sitemap.xml"] = sitemap(base_url, [p.path for p in pages if p.path.endswith(".html")])
         self.rest = {**_assets(fingerprint), **tables, **meta}
         self.n_files = len(pages) + len(self.raw) + len(self.rest) + len(exports.names)
         self.spare: Spare | None = None  # what `new` holds that this build keeps (`plan_writes`)

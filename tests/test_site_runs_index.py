@@ -170,3 +170,83 @@ def test_a_symlinked_data_readme_is_refused(fresh_inputs: SiteInputs) -> None:
     (fresh_inputs.data_dir / "README.md").symlink_to("/etc/passwd")
     with pytest.raises(DataError, match=r"README\.md: a symbolic link"):
         load_site(fresh_inputs.data_dir, fresh_inputs.decks_dir)
+
+
+# ------------------------------------------------------------------------------------ several pages
+
+
+@pytest.fixture(scope="module")
+def paged_site(site_inputs: SiteInputs, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fixture site with two runs a page: the index in three pages (5 runs) and runs.json."""
+    from kernelboard.sitegen import build_site, views_runs
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(views_runs, "RUNS_PER_PAGE", 2)
+    try:
+        out = tmp_path_factory.mktemp("paged") / "dist"
+        build_site(site_inputs.data_dir, site_inputs.decks_dir, out, jobs=1)
+    finally:
+        patch.undo()
+    return out
+
+
+PAGED = ("runs/index.html", "runs/page/2/index.html", "runs/page/3/index.html")
+
+
+def test_several_pages_hold_every_run_once_in_order(paged_site: Path, site_inputs: SiteInputs) -> None:
+    ids = []
+    for rel in PAGED:
+        rows = list(parse(paged_site / rel).find(".//table[@id='runs-table']").iterfind("./tbody/tr"))
+        assert 1 <= len(rows) <= 2, rel
+        ids += [text(tr.find("th")) for tr in rows]
+        html5lib.HTMLParser(strict=True).parse((paged_site / rel).read_bytes())
+    assert ids == sorted(_run_ids(site_inputs), reverse=True)  # newest first, across the pages
+    assert not (paged_site / "runs/page/4").exists() and not (paged_site / "runs/page/1").exists()
+    first = parse(paged_site / PAGED[0])
+    assert "runs 1–2 of 5 (page 1 of 3)" in text(first.find(".//p[@id='runs-count']"))
+    assert check_internal_links(paged_site, {rel: paged_site / rel for rel in PAGED}, allow_external=False) > 10
+    nav = parse(paged_site / PAGED[1]).find(".//nav[@class='pager']")
+    hrefs = ["../../../runs/", "../../../runs/", "../../../runs/page/3/", "../../../runs/page/3/"]
+    assert [a.get("href") for a in nav.iterfind("a")] == hrefs  # newer, 1, 3, older (links are from the root)
+    assert (paged_site / "runs/runs.json").is_file()
+
+
+def test_runs_json_carries_every_run_as_the_pages_draw_it(paged_site: Path, site_inputs: SiteInputs) -> None:
+    import json
+
+    payload = json.loads((paged_site / "runs/runs.json").read_text())
+    rows = {r[0]: r for r in payload["runs"]}
+    assert set(rows) == _run_ids(site_inputs) and len(payload["runs"]) == 5
+    house = rows[HOUSE]
+    assert [(g[0], g[1]) for g in house[8]] == [(GPU, "pass"), ("cpu", "pass")]
+    assert rows[PASS][1] == "fable-5" and any(g[4] == "1.86×" for g in rows[PASS][8])
+    assert rows[DNF][8][0][1] == "dnf" and set(payload["gpus"]) == {GPU, "cpu"}
+
+
+def test_one_page_needs_no_runs_json(built_site: Path) -> None:
+    assert not (built_site / "runs/runs.json").exists()
+    assert parse(built_site / INDEX).find(".//nav[@class='pager']") is None
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_a_filter_looks_at_every_page(browser: Browser, paged_site: Path) -> None:
+    from browsing import serve
+
+    with serve(paged_site) as url:
+        page = browser.new_page()
+        problems = watch(page)
+        page.goto(url + "runs/")
+        assert len(_visible_ids(page)) == 2 and page.locator("nav.pager").first.is_visible()
+        page.select_option("#runs-filter select[name=status]", "dnf")
+        page.locator("#runs-count", has_text="of 5 runs shown").wait_for()  # once runs.json has come
+        assert _visible_ids(page) == [DNF] and not page.locator("nav.pager").first.is_visible()
+        page.click("#runs-filter button[type=reset]")
+        assert len(_visible_ids(page)) == 2 and page.locator("#runs-count").inner_text().startswith("runs 1–2 of 5")
+        page.goto(url + "runs/?gpu=cpu")  # a deep link on the first page finds a run of any page
+        page.locator("#runs-count", has_text="runs shown").wait_for()
+        assert _visible_ids(page) == [HOUSE]
+        page.locator("#runs-table tbody tr:not([hidden]) .grade a").nth(1).click()
+        page.wait_for_url(f"**/runs/cpu/{HOUSE}/")
+        assert problems == []
+        page.close()
