@@ -284,7 +284,7 @@ def test_a_stress_case_theirs_added_after_grading_the_kernel_is_a_stronger_check
 
 
 def test_evidence_explains_a_difference_and_still_counts() -> None:
-    run_id, why = next(iter(EVIDENCE.items()))
+    why = next(iter(EVIDENCE.values()))
     verdict = classify("pass", "correct on all 80 checks", "wrong", THEIRS_WRONG, evidence=why)
     assert verdict.kind == "differ" and verdict.explained and not verdict.stronger
     assert verdict.cause.endswith(why) and verdict.cause.startswith("ours passes where theirs failed")
