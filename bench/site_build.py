@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gzip
 import json
 import os
 import re
@@ -80,6 +81,12 @@ def weights(out: Path) -> None:
     if (out / "runs" / "runs.json").is_file():
         picks["runs.json (the filter's)"] = out / "runs" / "runs.json"
     print("page weights: " + ", ".join(f"{k} {p.stat().st_size / 1e3:,.0f} KB" for k, p in picks.items()))
+    problem = picks["problem"]
+    loaded = [problem, *(problem.parent / src for src in _ASSET.findall(problem.read_text()))]
+    raw = sum(f.stat().st_size for f in loaded)
+    packed = sum(len(gzip.compress(f.read_bytes(), 6)) for f in loaded)
+    print(f"  a problem page in total (its HTML and the {len(loaded) - 1} files it loads): {raw / 1e6:.2f} MB, "
+          f"{packed / 1e6:.2f} MB gzipped (what GitHub Pages transfers, Lighthouse's 'total byte weight')")
     print(f"  run pages: {len(runs)}, largest {max(p.stat().st_size for p in runs) / 1e3:,.0f} KB; "
           f"problem pages: largest {max(p.stat().st_size for p in out.glob('problems/*/*/index.html')) / 1e3:,.0f} KB")
     pages = sorted(out.rglob("index.html"))
@@ -89,6 +96,8 @@ def weights(out: Path) -> None:
     if no_chart:
         raise SystemExit(f"pages without charts load Plotly: {[str(p.relative_to(out)) for p in no_chart[:5]]}")
 
+
+_ASSET = re.compile(r'<(?:script src|link rel="stylesheet" href)="([^"]+)"')
 
 _CHILD = """
 import json, resource, sys, time
