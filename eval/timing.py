@@ -244,9 +244,16 @@ def time_cuda(
     rep_ms: float = CUDA_TIMER.rep_ms,
     min_iters: int = CUDA_TIMER.min_iters,
     max_iters: int = CUDA_TIMER.max_iters,
+    cover_dispatch: bool = False,
 ) -> tuple[TimeStats, list[Any]]:
     """Time `fn(*inputs)` on a CUDA device as the module docstring describes; inputs come from
-    `feed` (or rotate over `input_sets`). Returns the stats and the feed's last output per set."""
+    `feed` (or rotate over `input_sets`). Returns the stats and the feed's last output per set.
+
+    `cover_dispatch` (not used by grading; bench/timing_methods.py compares it with the default):
+    after the synchronise, the GPU spins (`torch.cuda._sleep`) for three times the host's measured
+    dispatch time of one call before the start event, so the call's launches are queued by the time
+    it starts and a sample is its GPU time, without the host's dispatch jitter — unless the call
+    itself waits for the GPU."""
     feed = _feed(input_sets, feed)
     flush = torch.empty(max(L2_FLUSH_FACTOR * l2_bytes, MIN_FLUSH_BYTES) // 4, dtype=torch.int32, device="cuda")
     spin_up(flush)
@@ -264,6 +271,7 @@ def time_cuda(
     torch.cuda.synchronize()
     per_call_ms = (time.perf_counter() - t0) * 1e3 / 5
     iters = _iterations(per_call_ms, rep_ms, min_iters, max_iters)
+    cover_cycles = _cover_cycles(fn, [feed.next_inputs() for _ in range(5)]) if cover_dispatch else 0
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     torch.cuda.synchronize()
@@ -273,6 +281,8 @@ def time_cuda(
         args = feed.next_inputs()
         flush.zero_()
         torch.cuda.synchronize()
+        if cover_cycles:
+            torch.cuda._sleep(cover_cycles)
         starts[i].record()
         out = fn(*args)
         ends[i].record()
@@ -283,6 +293,26 @@ def time_cuda(
     feed.done()
     samples = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
     return summarize(samples, wall_ms), feed.last
+
+
+def _cover_cycles(fn: Callable[..., Any], sets: list[Inputs]) -> int:
+    """GPU sleep cycles that outlast the host's dispatch of one call: three times the slowest of a
+    few dispatches (host time from call to return, the GPU idle before each), 0.05–5 ms; cycles per
+    ms measured here with events on a 1 M-cycle sleep."""
+    dispatch_ms = 0.0
+    for args in sets:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn(*args)
+        dispatch_ms = max(dispatch_ms, (time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    torch.cuda._sleep(1_000_000)
+    b.record()
+    torch.cuda.synchronize()
+    cycles_per_ms = 1_000_000 / max(a.elapsed_time(b), 1e-3)
+    return int(min(max(3 * dispatch_ms, 0.05), 5.0) * cycles_per_ms)
 
 
 @torch.no_grad()
