@@ -40,6 +40,16 @@ def check_type(ref: torch.Tensor, out: object) -> str | None:
     return None
 
 
+def cosine(ref: torch.Tensor, out: torch.Tensor) -> float:
+    """Cosine similarity of two tensors as flat vectors, in float64 (1 when both are zero, 0 when one
+    is; NaN when either has a NaN or Inf, which no threshold passes)."""
+    r, o = ref.double().reshape(-1), out.double().reshape(-1)
+    rn, on = float(torch.linalg.vector_norm(r)), float(torch.linalg.vector_norm(o))
+    if rn == 0 or on == 0:
+        return 1.0 if rn == on else 0.0
+    return float(torch.dot(r, o)) / (rn * on)
+
+
 def compare(ref: torch.Tensor, out: object, atol: float, rtol: float) -> Verdict:
     """Check `out` against `ref` under (atol, rtol); exact equality when both are 0."""
     problem = check_type(ref, out)

@@ -28,9 +28,12 @@ def one_line(kind: str, text: str, limit: int = 400) -> str:
 
 def status_of(error: dict[str, Any], importing: bool = False) -> str:
     """oom for an out-of-memory error; build_error for a failed import, a compilation error or a
-    failed extension build; runtime_error for anything else."""
+    failed extension build; wrong for a step's output of another layout; runtime_error for anything
+    else. (The type name is the runner's word; every one of these is a failure.)"""
     if error["oom"]:
         return "oom"
+    if error["type"] == "StepOutputError":  # a stateful step returned a state of another layout (stateful.py)
+        return "wrong"
     if importing or "Compilation" in error["type"] or "Error building extension" in error["text"]:
         return "build_error"
     return "runtime_error"

@@ -15,7 +15,7 @@ import yaml
 
 from kernelboard.errors import DeckError
 
-from .problem import OUTPUT_RULES, Problem, Shape, StressCase, StructuralStress, check_formulas
+from .problem import OUTPUT_RULES, Problem, Shape, Stateful, StressCase, StructuralStress, check_formulas
 from .schema import REGIMES
 from .settings import HEADLINE_COMPILE_VARIANTS
 
@@ -144,10 +144,31 @@ def load_native_problem(folder: Path) -> Problem:
         solution_class=f.get("solution_class", str, "Model"),
         weight_transfer=_choice(f, "weight_transfer", ("state_dict", "seed"), "state_dict"),
         output_rule=_choice(f, "output_rule", OUTPUT_RULES, "allclose"),
+        stateful=_stateful(data.get("stateful"), f"{path}: stateful"),
         raw=data,
     )
     check_formulas(problem, path)
     return problem
+
+
+def _stateful(data: Any, where: str) -> Stateful | None:
+    """The keys of `stateful` the grader reads (the others describe the state for readers)."""
+    if data is None:
+        return None
+    f = Fields(data, where)
+    entry = f.get("entry", str, "step")
+    if not entry.isidentifier():
+        raise DeckError(f"{where}: key 'entry': expected a method name, got {entry!r}")
+    steps = f.get("check_steps", int, 4)
+    if not 1 <= steps <= 64:
+        raise DeckError(f"{where}: key 'check_steps': expected 1 to 64, got {steps}")
+    cos = f.get("cos_sim", (int, float), None)
+    if cos is not None and not 0 < cos <= 1:
+        raise DeckError(f"{where}: key 'cos_sim': expected a cosine in (0, 1], got {cos}")
+    margin = f.get("router_margin_ulps", (int, float), None)
+    if margin is not None and margin < 0:
+        raise DeckError(f"{where}: key 'router_margin_ulps': expected 0 or more, got {margin}")
+    return Stateful(entry, steps, None if cos is None else float(cos), None if margin is None else float(margin))
 
 
 def _skip_baselines(items: list[Any], where: str) -> tuple[str, ...]:

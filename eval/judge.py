@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import gc
 import json
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -47,6 +48,7 @@ from .correctness import (
     check_type,
     compare,
     compare_topk,
+    cosine,
     dtype_name,
     probe,
     probe_positions,
@@ -71,6 +73,7 @@ from .settings import (
     TIMING_POOL_SETS,
     proof_shape,
 )
+from .stateful import StepAdapter
 from .timing import TimeStats, batch_problem, floor_ms, retry_passes, summarize, time_cpu, time_cuda
 
 _STARTED = time.monotonic()
@@ -90,39 +93,52 @@ def _check_state(before: dict[str, Any], reply: Reply, when: str) -> None:
         raise Failure("integrity_violation", f"torch global state changed {when}: {detail}")
 
 
-def _check_inputs(shared: list[torch.Tensor | None], pristine: list[Any], where: str) -> None:
+def _check_inputs(shared: list[torch.Tensor | None], pristine: list[Any], where: str, problem: Problem) -> None:
     """Stops in-place writes to inputs: the shared inputs after the call against private copies. At a
     numeric stress case's scaled positions the call wrote to the runner's scaled copy, which is not
-    seen here; the same code's writes are seen on the seed's nominal call, made first."""
-    for i, (now, then) in enumerate(zip(shared, pristine, strict=True)):
+    seen here; the same code's writes are seen on the seed's nominal call, made first. A stateful
+    step may update its state in place (every input past the first: stateful.py); its hidden input not."""
+    checked = 1 if problem.stateful is not None else len(shared)
+    for i, (now, then) in enumerate(zip(shared[:checked], pristine[:checked], strict=True)):
         if now is not None and not torch.equal(now.to(then.device), then):
             raise Failure("integrity_violation", f"{where}: the solution wrote into input {i}")
 
 
-def _judge(problem: Problem, ref: Output, got: Received, inputs: list[Any], case: StressCase | None) -> Verdict:
+def _judge(problem: Problem, ref: Output, got: Received, inputs: list[Any], case: StressCase | None,
+           names: list[str] | None = None) -> Verdict:
     """An output the runner sent against the reference's: its header judged first (link.py), then
-    its values here, under the problem's output rule and the case's tolerance."""
+    its values here, under the problem's output rule and the case's tolerance. `names`: what each
+    output part is, for messages (a stateful step's: 'hidden', 'state[0].S', …)."""
     if got.tensor is None:  # not a tensor, or a shape or dtype that cannot stand for `ref`
-        return Verdict(False, got.problem or "no output")
+        why = got.problem or "no output"
+        if names is not None:  # "output 13: …" -> "output 13 (state[3].c_kv): …"
+            why = re.sub(r"^output (\d+):", lambda m: f"output {m[1]} ({names[int(m[1])]}):"
+                         if int(m[1]) < len(names) else m[0], why)
+        return Verdict(False, why)
     parts = ref if isinstance(ref, tuple) else (ref,)
     device = parts[0].device
     if got.device != str(device):
         return Verdict(False, f"output device {got.device} != expected {device}")
     outs = got.tensor if isinstance(got.tensor, tuple) else (got.tensor,)
-    return judge_values(problem, ref, tuple(o.to(device) for o in outs), inputs, case)
+    return judge_values(problem, ref, tuple(o.to(device) for o in outs), inputs, case, names)
 
 
 def judge_values(problem: Problem, ref: Output, outs: tuple[torch.Tensor, ...], inputs: list[Any],
-                 case: StressCase | None) -> Verdict:
+                 case: StressCase | None, names: list[str] | None = None) -> Verdict:
     """Output tensors (on the reference's device) against the reference's, under the problem's
-    output rule and the case's tolerance: the rule a solution is held to, and a library line too."""
+    output rule and the case's tolerance: the rule a solution is held to, and a library line too.
+    A stateful step's parts are each held to the deck's cosine rule as well."""
     parts = ref if isinstance(ref, tuple) else (ref,)
     if len(outs) != len(parts):
         return Verdict(False, f"{len(outs)} outputs, expected {len(parts)}")
+
+    def part(i: int) -> str:
+        return f"output {i} ({names[i]})" if names is not None and i < len(names) else f"output {i}"
+
     for i, (r, o) in enumerate(zip(parts, outs, strict=True)):
         why = check_type(r, o)
         if why is not None:
-            return Verdict(False, why if len(parts) == 1 else f"output {i}: {why}")
+            return Verdict(False, why if len(parts) == 1 else f"{part(i)}: {why}")
     if problem.output_rule == "topk" and len(parts) == 2:
         atol, rtol = problem.tolerance_for(dtype_name(parts[0].dtype), case)
         return compare_topk(inputs[0], parts, outs, atol, rtol)
@@ -131,10 +147,16 @@ def judge_values(problem: Problem, ref: Output, outs: tuple[torch.Tensor, ...], 
         atol, rtol = problem.tolerance_for(dtype_name(r.dtype), case) if r.is_floating_point() else (0.0, 0.0)
         verdict = compare(r, o, atol, rtol)
         if not verdict.ok:
-            return verdict if len(parts) == 1 else Verdict(False, f"output {i}: {verdict.message}", verdict.rel_err)
+            return verdict if len(parts) == 1 else Verdict(False, f"{part(i)}: {verdict.message}", verdict.rel_err)
         if worst is None or (verdict.rel_err or 0.0) > (worst.rel_err or 0.0):
             worst = verdict
     assert worst is not None
+    cos_sim = problem.stateful.cos_sim if problem.stateful is not None else None
+    if cos_sim is not None:
+        for i, (r, o) in enumerate(zip(parts, outs, strict=True)):
+            cos = cosine(r, o) if r.is_floating_point() else 1.0
+            if not cos >= cos_sim:  # NaN included
+                return Verdict(False, f"{part(i)}: cosine similarity {cos:.4f} < {cos_sim:g} (the deck's rule)")
     return worst
 
 
@@ -149,6 +171,7 @@ def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int,
     try:
         link.ask("shape", f"shape {plan.shape.idx}: building Model", fds=(arena.fd,), shape=k, seed=seed,
                  arena_size=arena.size, values=arena.encoded,
+                 layout=[list(keys) for keys in plan.layout.layers] if plan.layout is not None else None,
                  probes=[_probe_spec(s, r) for s, r in zip(plan.timing_seeds, plan.timing_refs, strict=True)],
                  proof_probes=[[_probe_spec(s, r) for s, r in zip(seeds, refs, strict=True)]
                                for seeds, refs in zip(plan.proof_seeds, plan.proof_refs, strict=True)])
@@ -177,24 +200,29 @@ def _check_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sh
     """Every check of one shape; returns the worst normalised error ‖d‖/‖ref‖. The shape's first
     call runs under the op audit (when the problem forbids ops) and is judged like the rest."""
     worst = 0.0
+    names = plan.layout.names if plan.layout is not None else None
     for j, check in enumerate(plan.checks):
         where = f"shape {plan.shape.idx} ({plan.shape.label}) {check.label}"
+        if check.stress is not None and not check.stress.scale and problem.stateful is not None:
+            where += f" ({check.stress.name}: the element-wise bound lifted, the cosine rule kept)"
         # Scaled here only for a rule that reads them: on 06's headline a stress case's copy is 2.1 GB.
         called_with = check.called_with() if problem.rule_reads_inputs else []
         if j == 0 and problem.forbidden_ops:
             reply = link.ask("call", f"{where} (op audit)", shape=k, check=0, log_ops=True)
-            _check_inputs(shared[0], check.pristine, f"{where} (op audit)")
+            _check_inputs(shared[0], check.pristine, f"{where} (op audit)", problem)
             hits = audit.forbidden_ops(problem, reply.strings("ops"))
             if hits:
                 raise Failure("forbidden", f"forbidden aten ops ran: {', '.join(hits)}")
-            verdict = _judge(problem, check.ref_out, reply.outputs([check.ref_out])[0], called_with, check.stress)
+            verdict = _judge(problem, check.ref_out, reply.outputs([check.ref_out])[0], called_with, check.stress,
+                             names)
             if not verdict.ok:
                 raise Failure("wrong", f"{where} (op audit): {verdict.message}")
         reply = link.ask("call", where, shape=k, check=j, state_scale=check.stress.state_scale if check.stress else {},
                          scale={str(p): f for p, f in check.stress.scale.items()} if check.stress else {})
         _check_state(state, reply, f"during {where}")
-        _check_inputs(shared[j], check.pristine, where)
-        verdict = _judge(problem, check.ref_out, reply.outputs([check.ref_out])[0], called_with, check.stress)
+        _check_inputs(shared[j], check.pristine, where, problem)
+        verdict = _judge(problem, check.ref_out, reply.outputs([check.ref_out])[0], called_with, check.stress,
+                         names)
         if not verdict.ok:
             raise Failure("wrong", f"{where}: {verdict.message}")
         worst = max(worst, verdict.rel_err or 0.0)
@@ -418,9 +446,10 @@ def grade(job: Job, result: dict[str, Any], phases: Phases, link: RunnerLink) ->
                                  "max_rel_err": worst, **audited})
     if device == "cuda":
         _graph_times(link, problem, plans, result["shapes"])
+    cases = (f"{problem.stateful.check_steps} consecutive steps, every state tensor" if problem.stateful
+             else f"{1 + len(problem.numeric_stress)} numeric cases + structural cases")
     result.update(status="pass", message=f"correct on all {n_checks} checks ({len(plans)} shapes × "
-                                         f"{len(seeds)} seeds × {1 + len(problem.numeric_stress)} numeric "
-                                         f"cases + structural cases) and on every timed call")
+                                         f"{len(seeds)} seeds × {cases}) and on every timed call")
 
 
 def _time(fn: Callable[..., Any], sets: list[list[Any]], device: str, env: dict[str, Any],
@@ -453,6 +482,8 @@ def baselines(job: Job, result: dict[str, Any]) -> None:
         plan.checks.clear()  # only the timing sets are needed here
         torch.manual_seed(job.base_seed)
         model = build_model(reference, plan.init_args, device, init_on_device=problem.draw_on_device)
+        if problem.stateful is not None and plan.layout is not None:  # timed on flat (hidden, state) sets
+            model = StepAdapter(model, plan.layout, problem.stateful.entry)
         for variant in wanted:
             row: dict[str, Any] = {"shape_idx": shape.idx, "variant": variant}
             try:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import math
 import sys
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,9 @@ import torch
 
 from .correctness import Output
 from .deck import Problem, Shape, StressCase
+from .problem import Stateful
 from .settings import PROOF_MAX_BYTES, PROOF_MAX_SETS, PROOF_MIN_SETS, PROOF_REF_BUDGET_S, PROOF_ROUNDS
+from .stateful import StepAdapter, StepLayout, clone_flat
 
 
 def import_file(name: str, path: Path) -> types.ModuleType:
@@ -143,6 +146,7 @@ class ShapePlan:
     proof_sets: list[list[list[Any]]] = field(default_factory=list)  # per batch, input sets used once each
     proof_refs: list[list[Output]] = field(default_factory=list)
     proof_seeds: list[list[int]] = field(default_factory=list)
+    layout: StepLayout | None = None  # a stateful step's (stateful.py): how its flat inputs nest
 
 
 @torch.no_grad()
@@ -160,6 +164,11 @@ def make_plan(problem: Problem, reference: types.ModuleType, shapes: tuple[Shape
         torch.manual_seed(seeds[0])
         ref_model = build_model(reference, init_args, device, init_on_device=problem.draw_on_device)
         plan = ShapePlan(shape, init_args, {k: v.detach().clone() for k, v in ref_model.state_dict().items()})
+        if problem.stateful is not None:
+            _plan_steps(problem, problem.stateful, reference, ref_model, plan, seeds, timing_seeds, device, proof_seed)
+            plans.append(plan)
+            del ref_model
+            continue
         first: list[Any] = []
         for seed in seeds:
             inputs = draw_inputs(reference, seed, device, problem.draw_on_device)
@@ -187,19 +196,63 @@ def make_plan(problem: Problem, reference: types.ModuleType, shapes: tuple[Shape
     return plans
 
 
+#: The case of a step whose router margin is under the deck's `router_margin_ulps`: the element-wise
+#: bound is lifted (a rounding may choose another expert), the cosine rule stays.
+ROUTER_NEAR_TIE = StressCase("router near-tie", {},
+                             {d: (math.inf, math.inf) for d in ("bfloat16", "float16", "float32")})
+
+
+def _plan_steps(problem: Problem, spec: Stateful, reference: types.ModuleType, ref_model: torch.nn.Module,
+                plan: ShapePlan, seeds: list[int], timing_seeds: tuple[int, ...], device: str,
+                proof_seed: int | None) -> None:
+    """A stateful step's checks, teacher-forced: per seed, `check_steps` consecutive steps from the
+    drawn (hidden, state), each step's inputs the reference's result of the step before (so one
+    wrong step fails that step, and a kernel is judged at several positions: RoPE, cache growth).
+    Timing and floor-batch sets are drawn states, one step each. Every set is flat (stateful.py)."""
+
+    def draw(seed: int) -> list[Any]:
+        hidden, state = draw_inputs(reference, seed, device, problem.draw_on_device)
+        if plan.layout is None:
+            plan.layout = StepLayout.of(state)
+        return plan.layout.flatten(hidden, state)
+
+    first = draw(seeds[0])
+    assert plan.layout is not None
+    step = StepAdapter(ref_model, plan.layout, spec.entry, margins=spec.router_margin_ulps is not None)
+    for seed in seeds:
+        flat = first if seed == seeds[0] else draw(seed)
+        for j in range(spec.check_steps):
+            ref_out = step(*clone_flat(flat))
+            margin = min(step.last_margins, default=math.inf)
+            near_tie = spec.router_margin_ulps is not None and margin < spec.router_margin_ulps
+            plan.checks.append(Check(f"seed {seed} step {j}", flat, list(flat), ref_out,
+                                     ROUTER_NEAR_TIE if near_tie else None))
+            flat = list(ref_out)
+    for seed in timing_seeds:
+        flat = draw(seed + 7919 * plan.shape.idx)
+        plan.timing_sets.append(flat)
+        plan.timing_refs.append(step(*clone_flat(flat)))
+        plan.timing_seeds.append(seed + 7919 * plan.shape.idx)
+    if proof_seed is not None:
+        _proof_sets(plan, reference, step, proof_seed + 7919 * plan.shape.idx, device, draw=draw)
+
+
 def _nbytes(inputs: list[Any]) -> int:
     return sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
 
 
 def _proof_sets(plan: ShapePlan, reference: types.ModuleType, ref_model: torch.nn.Module, seed: int,
-                device: str, on_device: bool = False) -> None:
+                device: str, on_device: bool = False,
+                draw: Callable[[int], list[Any]] | None = None) -> None:
     """PROOF_ROUNDS batches of input sets, each used once (timing.floor_ms), with references: as
     many per batch as PROOF_REF_BUDGET_S of reference time and PROOF_MAX_BYTES of inputs allow,
     between PROOF_MIN_SETS and PROOF_MAX_SETS (small, fast shapes get many, GB-sized ones few).
     Past two rounds, none once the references took PROOF_REF_BUDGET_S in all (slow calls end the
     judge's floor after two batches, PROOF_FLOOR_BUDGET_MS, so later rounds would go unused) or once
     the sets hold PROOF_MAX_BYTES: every set is copied to the runner and onto its device, and 06's
-    headline draws 2.1 GB a set: five rounds of two would be 21 GB (its shape copied 57 GB on the H200)."""
+    headline draws 2.1 GB a set: five rounds of two would be 21 GB (its shape copied 57 GB on the H200).
+    `draw(seed)` draws one set where `draw_inputs` does not (a stateful step's flat inputs); the
+    reference is then called on a copy, since a step may update its state in place."""
     budget_s = PROOF_REF_BUDGET_S / PROOF_ROUNDS
     first, held = time.perf_counter(), 0
     for r in range(PROOF_ROUNDS):
@@ -210,9 +263,9 @@ def _proof_sets(plan: ShapePlan, reference: types.ModuleType, ref_model: torch.n
                 len(sets) < PROOF_MAX_SETS and time.perf_counter() - started < budget_s
                 and (size + size // len(sets)) * PROOF_ROUNDS <= PROOF_MAX_BYTES):
             s = seed + 104729 * (r + 1) + len(sets)
-            inputs = draw_inputs(reference, s, device, on_device)
+            inputs = draw_inputs(reference, s, device, on_device) if draw is None else draw(s)
             sets.append(inputs)
-            refs.append(ref_model(*inputs))
+            refs.append(ref_model(*(inputs if draw is None else clone_flat(inputs))))
             seeds.append(s)
             size += _nbytes(inputs)
             if device == "cuda":

@@ -61,6 +61,21 @@ class StressCase:
 
 
 @dataclass(frozen=True)
+class Stateful:
+    """A problem whose call is one step of a stateful model (problem.yaml `stateful`, the Mega deck):
+    `Model.<entry>(hidden, state) -> (hidden, state)`, checked teacher-forced over `check_steps`
+    consecutive steps per seed (each step gets the reference's hidden and state of that position),
+    every state tensor judged beside the output (eval/stateful.py flattens them), each also under
+    the cosine rule (`cos_sim`), and the element-wise bound excused at a step where a router's margin
+    is under `router_margin_ulps` (a rounding may then choose another expert; the cosine rule stays)."""
+
+    entry: str = "step"
+    check_steps: int = 4
+    cos_sim: float | None = None
+    router_margin_ulps: float | None = None
+
+
+@dataclass(frozen=True)
 class StructuralCase:
     """Inputs rewritten by `reference.<function>(inputs, **params)`: ragged lengths, ties, …"""
 
@@ -130,6 +145,7 @@ class Problem:
     solution_class: str = "Model"  # ScalingIntelligence KernelBench candidates define ModelNew
     weight_transfer: str = "state_dict"  # or "seed": both models built after the same manual_seed
     output_rule: str = "allclose"  # or "topk": (values, indices), any valid tie-break (correctness.py)
+    stateful: Stateful | None = None  # a step of a stateful model (Mega): see Stateful
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property

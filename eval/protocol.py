@@ -179,7 +179,7 @@ DTYPES: dict[str, torch.dtype] = {
 
 
 #: At most this many parts in a tuple output (a top-k's (values, indices) has two).
-MAX_PARTS = 8
+MAX_PARTS = 32  # a Mega step returns its hidden vector and 14 state tensors
 
 
 def encode_output(value: object) -> tuple[dict[str, Any], list[memoryview]]:

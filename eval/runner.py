@@ -43,6 +43,7 @@ from .deck import load_problem
 from .plan import apply_shape, build_model, import_file, install_shapes_module, scaled_positions, scaled_state
 from .probe import torch_global_state
 from .protocol import Channel, TensorRef, encode_output, map_arena, pin_host, resolve, unpin_host, view_of
+from .stateful import StepAdapter, StepLayout
 from .timing import Feed, time_cpu, time_cuda
 
 _PR_SET_PDEATHSIG = 1
@@ -245,6 +246,9 @@ class _Runner:
         built = time.perf_counter()
         if self.problem.weight_transfer == "state_dict":
             model.load_state_dict(resolve(values["state_dict"], base), strict=True)
+        if self.problem.stateful is not None:  # called with flat (hidden, state) tensors: stateful.py
+            layout = StepLayout(tuple(tuple(str(k) for k in keys) for keys in request["layout"]))
+            model = StepAdapter(model, layout, self.problem.stateful.entry)
         loaded = time.perf_counter()
 
         def shared(v: Any) -> Any:
@@ -295,9 +299,11 @@ class _Runner:
         self._sync()
         if self.device == "cuda":
             _raise_unchecked_launch_error()
-        for arg, view in placed:
+        # What the call did to its inputs, for the judge to see; a step's state (every input past the
+        # hidden vector) is its to update, and the next call must get the state as the judge drew it.
+        for arg, view in placed[:1] if self.problem.stateful is not None else placed:
             if view is not None:
-                view.copy_(arg)  # what the call did to its inputs, for the judge to see
+                view.copy_(arg)
         meta, blobs = encode_output(out)
         header.update(state=torch_global_state(), outputs=[meta])
         return header, blobs

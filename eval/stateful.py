@@ -1,0 +1,100 @@
+"""A stateful step as the flat call the grader knows (the Mega deck: `Model.step(hidden, state) ->
+(hidden, state)`, state a list of per-layer dicts of tensors).
+
+Everything downstream — the shared input arena, the runner's placement and copy-back, the timing
+feed and its probes, the judge's comparison — works on a flat list of input tensors and a tuple of
+output tensors. So the step is flattened at both ends, by the same `StepLayout` on both sides: the
+inputs are `[hidden, state[0][k0], state[0][k1], …]` (each layer's keys in sorted order), and
+`StepAdapter`, a module around the Model (the reference's in the judge, the solution's in the
+runner), rebuilds the nested (hidden, state) for the call and flattens what the step returns the
+same way. A step returns its state however it likes (the same dicts updated in place, new dicts,
+grown tensors); what is judged is the flat tuple of its hidden output and every state tensor. A
+returned state that is not a list of dicts with the layout's keys is refused with a message naming
+what differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class StepOutputError(ValueError):
+    """What a step returned does not have the state's layout (a layer or a key missing or extra)."""
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """Which state tensors a step takes and returns, in the flat call's order: per layer, its keys."""
+
+    layers: tuple[tuple[str, ...], ...]
+
+    @classmethod
+    def of(cls, state: Sequence[dict[str, torch.Tensor]]) -> StepLayout:
+        """The layout of a state as the reference draws it."""
+        if not isinstance(state, list | tuple) or not all(isinstance(layer, dict) for layer in state):
+            raise TypeError(f"a step's state must be a list of dicts of tensors, got {type(state).__name__}")
+        return cls(tuple(tuple(sorted(layer)) for layer in state))
+
+    @property
+    def names(self) -> list[str]:
+        """The flat call's parts, for messages: 'hidden', 'state[0].S', …"""
+        return ["hidden"] + [f"state[{i}].{key}" for i, keys in enumerate(self.layers) for key in keys]
+
+    def flatten(self, hidden: torch.Tensor, state: Sequence[dict[str, Any]]) -> list[Any]:
+        """[hidden, then every state tensor in layout order]; raises StepOutputError on another layout."""
+        if not isinstance(state, list | tuple):
+            raise StepOutputError(f"the state returned is a {type(state).__name__}, expected a list of "
+                                  f"{len(self.layers)} dicts")
+        if len(state) != len(self.layers):
+            raise StepOutputError(f"the state returned has {len(state)} layers, expected {len(self.layers)}")
+        flat = [hidden]
+        for i, (layer, keys) in enumerate(zip(state, self.layers, strict=True)):
+            if not isinstance(layer, dict) or tuple(sorted(layer)) != keys:
+                got = sorted(layer) if isinstance(layer, dict) else type(layer).__name__
+                raise StepOutputError(f"state[{i}] returned has keys {got}, expected {list(keys)}")
+            flat += [layer[key] for key in keys]
+        return flat
+
+    def unflatten(self, flat: Sequence[Any]) -> tuple[Any, list[dict[str, Any]]]:
+        """(hidden, state) from the flat call's arguments: new dicts holding the same tensors."""
+        expected = 1 + sum(len(keys) for keys in self.layers)
+        if len(flat) != expected:
+            raise ValueError(f"{len(flat)} arguments for a step whose layout has {expected}")
+        rest = iter(flat[1:])
+        return flat[0], [{key: next(rest) for key in keys} for keys in self.layers]
+
+
+class StepAdapter(nn.Module):
+    """`model.<entry>(hidden, state)` called with the flat arguments; returns the flat tuple. With
+    `margins` (the reference only: its step takes a list that each MoE appends its router margin to),
+    the last call's margins are kept in `last_margins`."""
+
+    def __init__(self, model: nn.Module, layout: StepLayout, entry: str = "step", margins: bool = False) -> None:
+        super().__init__()
+        self.model = model
+        self.layout = layout
+        self.entry = entry
+        self.margins = margins
+        self.last_margins: list[float] = []
+
+    def forward(self, *flat: Any) -> tuple[Any, ...]:
+        hidden, state = self.layout.unflatten(flat)
+        step = getattr(self.model, self.entry)
+        if self.margins:
+            self.last_margins = []
+            out = step(hidden, state, self.last_margins)
+        else:
+            out = step(hidden, state)
+        if not isinstance(out, tuple | list) or len(out) != 2:
+            raise StepOutputError(f"{self.entry} returned a {type(out).__name__}, expected (hidden, state)")
+        return tuple(self.layout.flatten(out[0], out[1]))
+
+
+def clone_flat(flat: Sequence[Any]) -> list[Any]:
+    """Private copies of a flat call's tensors (a step may update its state in place)."""
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in flat]

@@ -1,0 +1,151 @@
+"""The stateful grading path (eval/stateful.py; the Mega deck's `Model.step(hidden, state)`), on the CPU.
+
+One batch grades a faithful step (the reference's code copied, since `from reference` is forbidden in
+Mega solutions) and bad steps: a cache that did not grow, a state returned unadvanced, NaN written into
+the state, a layer's key dropped, a step that diverges only on a later step, and one that writes its
+hidden input. Then the pieces alone: the flat layout, the cosine rule, the deck keys.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from grading import write_submission
+
+from kernelboard.errors import DeckError
+from kernelboard.eval.correctness import cosine
+from kernelboard.eval.deck import load_problem
+from kernelboard.eval.format_native import _stateful
+from kernelboard.eval.schedule import EvalOptions, run_eval
+from kernelboard.eval.stateful import StepAdapter, StepLayout, StepOutputError
+
+FOLDER = Path(__file__).resolve().parents[1] / "eval" / "decks" / "mega" / "02_kimi_linear_decode"
+PROBLEM = FOLDER.name
+
+#: The reference's Model, subclassed: `CHANGE` rewrites (hidden, state) after the honest step.
+_WRAP = '''
+
+class _Honest(Model):
+    pass
+
+
+class Model(_Honest):  # noqa: F811
+    calls = 0
+
+    def step(self, hidden, state):
+        Model.calls += 1
+        before = clone_state(state)
+        h, st = super().step(hidden, state)
+        return CHANGE
+'''
+
+BAD = {
+    "shape": "h, [{k: (v[:-1] if k == 'c_kv' else v) for k, v in d.items()} for d in st]",
+    "stale": "h, before",
+    "nan": "h, [{k: (v * float('nan') if k == 'S' else v) for k, v in d.items()} for d in st]",
+    "keys": "h, [{k: v for k, v in d.items() if k != 'k_rope'} for d in st]",
+    # right on the first call of each check, then the S state drifts: caught at a later step's check
+    "drift": "h, [{k: (v * 1.5 if k == 'S' and Model.calls % 4 == 0 else v) for k, v in d.items()} for d in st]",
+    "hidden_write": "(hidden.zero_(), h)[1], st",  # a right answer, its hidden input overwritten
+}
+
+
+def _run(i: int, name: str) -> str:
+    return f"20261201_00000{i}_t_{name}_{PROBLEM}"
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    root = tmp_path_factory.mktemp("stateful")
+    deck = root / "deck"
+    shutil.copytree(FOLDER, deck / PROBLEM)
+    reference = (FOLDER / "reference.py").read_text()
+    sources = {"faithful": reference} | {name: reference + _WRAP.replace("CHANGE", change)
+                                         for name, change in BAD.items()}
+    ids = {}
+    for i, (name, source) in enumerate(sources.items()):
+        ids[name] = _run(i, name)
+        write_submission(root / "subs" / ids[name], PROBLEM, source)
+    # compile baselines left out: tracing the step takes a minute on 2 cores and says nothing here
+    rows = run_eval(EvalOptions(deck=deck, submissions=root / "subs", out=root / "out", device="cpu", rep_ms=10.0,
+                                skip_baselines=("compile:max-autotune",)))
+    by_id = {r["run_id"]: r for r in rows}
+    return {name: by_id[run_id] for name, run_id in ids.items()}
+
+
+def test_a_faithful_step_passes_every_state_tensor_over_consecutive_steps(graded: dict[str, dict]) -> None:
+    row = graded["faithful"]
+    assert row["status"] == "pass", row["message"]
+    assert "4 consecutive steps, every state tensor" in row["message"]
+
+
+@pytest.mark.parametrize(("name", "status", "words"), [
+    ("shape", "wrong", "output 13 (state[3].c_kv): output shape"),
+    ("stale", "wrong", "output 13 (state[3].c_kv): output shape"),  # the cache did not grow
+    ("nan", "wrong", "output 1 (state[0].S): output has"),
+    ("keys", "wrong", "state[3] returned has keys ['c_kv'], expected ['c_kv', 'k_rope']"),
+    ("drift", "wrong", "(state[0].S)"),
+    ("hidden_write", "integrity_violation", "wrote into input 0"),
+])
+def test_a_bad_step_is_refused_naming_the_tensor(graded: dict[str, dict], name: str, status: str, words: str) -> None:
+    row = graded[name]
+    assert row["status"] == status and words in row["message"], row["message"]
+
+
+def test_a_step_wrong_only_later_is_caught_at_that_step(graded: dict[str, dict]) -> None:
+    """Teacher forcing: each step's check starts from the reference's state, so the drifting step fails
+    at the step where it drifts, never at step 0."""
+    assert "step 0" not in graded["drift"]["message"] and " step " in graded["drift"]["message"]
+
+
+# ------------------------------------------------------------------------------------ the pieces
+
+
+def test_the_layout_round_trips_and_names_every_tensor() -> None:
+    state = [{"S": torch.zeros(2), "ck": torch.ones(1)}, {"c_kv": torch.full((3,), 2.0)}]
+    layout = StepLayout.of(state)
+    flat = layout.flatten(torch.tensor([5.0]), state)
+    assert layout.names == ["hidden", "state[0].S", "state[0].ck", "state[1].c_kv"]
+    hidden, again = layout.unflatten(flat)
+    assert float(hidden) == 5.0 and again[1]["c_kv"] is state[1]["c_kv"] and again[0]["S"] is state[0]["S"]
+    with pytest.raises(StepOutputError, match="has 4 layers, expected 2"):
+        layout.flatten(hidden, state[:1] * 2 + state)
+    with pytest.raises(StepOutputError, match=r"state\[1\] returned has keys \['x'\]"):
+        layout.flatten(hidden, [state[0], {"x": torch.zeros(1)}])
+
+
+def test_the_adapter_calls_the_entry_and_flattens_what_it_returns() -> None:
+    class Counter(torch.nn.Module):
+        def step(self, hidden, state):
+            return hidden + 1, [{"n": state[0]["n"] + 1}]
+
+    adapter = StepAdapter(Counter(), StepLayout((("n",),)))
+    assert [float(t) for t in adapter(torch.tensor(1.0), torch.tensor(10.0))] == [2.0, 11.0]
+
+    class Wrong(torch.nn.Module):
+        def step(self, hidden, state):
+            return hidden
+
+    with pytest.raises(StepOutputError, match="expected \\(hidden, state\\)"):
+        StepAdapter(Wrong(), StepLayout((("n",),)))(torch.tensor(1.0), torch.tensor(10.0))
+
+
+def test_cosine() -> None:
+    a = torch.tensor([1.0, 0.0])
+    assert cosine(a, a) == pytest.approx(1.0) and cosine(a, torch.tensor([0.0, 1.0])) == pytest.approx(0.0)
+    assert cosine(torch.zeros(2), torch.zeros(2)) == 1.0 and cosine(torch.zeros(2), a) == 0.0
+    assert not cosine(a, torch.tensor([float("nan"), 1.0])) >= 0.98  # NaN passes no threshold
+
+
+def test_the_deck_keys_are_read_and_checked() -> None:
+    spec = load_problem(FOLDER).stateful
+    assert spec is not None and (spec.entry, spec.check_steps, spec.cos_sim, spec.router_margin_ulps) == (
+        "step", 4, 0.98, 2.0)
+    assert _stateful(None, "x") is None
+    for bad, words in (({"check_steps": 0}, "check_steps"), ({"cos_sim": 1.5}, "cos_sim"),
+                       ({"entry": "not a name"}, "entry"), ({"router_margin_ulps": -1}, "router_margin_ulps")):
+        with pytest.raises(DeckError, match=words):
+            _stateful(bad, "problem.yaml: stateful")
