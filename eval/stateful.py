@@ -95,6 +95,19 @@ class StepAdapter(nn.Module):
         return tuple(self.layout.flatten(out[0], out[1]))
 
 
+class FunctionStep(nn.Module):
+    """A deck's library line for a stateful step, `fn(model, hidden, state) -> (hidden, state)`, as a
+    module with `step` (so `StepAdapter` calls it like a Model); `model` is the reference's."""
+
+    def __init__(self, fn: Any, model: nn.Module) -> None:
+        super().__init__()
+        self.fn = fn
+        self.inner = model
+
+    def step(self, hidden: Any, state: Any) -> Any:
+        return self.fn(self.inner, hidden, state)
+
+
 def clone_flat(flat: Sequence[Any]) -> list[Any]:
     """Private copies of a flat call's tensors (a step may update its state in place)."""
     return [x.clone() if isinstance(x, torch.Tensor) else x for x in flat]

@@ -21,6 +21,7 @@ from kernelboard.eval.deck import load_problem
 from kernelboard.eval.format_native import _stateful
 from kernelboard.eval.schedule import EvalOptions, run_eval
 from kernelboard.eval.stateful import StepAdapter, StepLayout, StepOutputError
+from kernelboard.eval.tables import read_table
 
 FOLDER = Path(__file__).resolve().parents[1] / "eval" / "decks" / "mega" / "02_kimi_linear_decode"
 PROBLEM = FOLDER.name
@@ -58,7 +59,7 @@ def _run(i: int, name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("stateful")
     deck = root / "deck"
     shutil.copytree(FOLDER, deck / PROBLEM)
@@ -70,13 +71,22 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         ids[name] = _run(i, name)
         write_submission(root / "subs" / ids[name], PROBLEM, source)
     # compile baselines left out: tracing the step takes a minute on 2 cores and says nothing here
-    rows = run_eval(EvalOptions(deck=deck, submissions=root / "subs", out=root / "out", device="cpu", rep_ms=10.0,
-                                skip_baselines=("compile:max-autotune",)))
+    rows = run_eval(EvalOptions(deck=deck, submissions=root / "subs", out=root / "out", device="cpu", rep_ms=10.0))
     by_id = {r["run_id"]: r for r in rows}
-    return {name: by_id[run_id] for name, run_id in ids.items()}
+    return {name: by_id[run_id] for name, run_id in ids.items()} | {"_out": root / "out"}
 
 
-def test_a_faithful_step_passes_every_state_tensor_over_consecutive_steps(graded: dict[str, dict]) -> None:
+def test_the_baselines_time_the_step_and_check_the_tuned_line(graded: dict) -> None:
+    """Eager, compile:default (the deck skips max-autotune) and the deck's tuned baseline as a library
+    line, on every CPU shape; the tuned line agrees with the reference under the step's rules."""
+    rows = read_table(graded["_out"] / "cpu" / "baselines.parquet", "baselines").to_pylist()
+    by = {(r["shape_idx"], r["variant"]): r for r in rows}
+    assert {v for _, v in by} == {"eager", "compile:default", "library:tuned"}
+    for (_, variant), row in by.items():
+        assert row["status"] == "ok" and row["median_ms"] > 0, (variant, row["message"])
+
+
+def test_a_faithful_step_passes_every_state_tensor_over_consecutive_steps(graded: dict) -> None:
     row = graded["faithful"]
     assert row["status"] == "pass", row["message"]
     assert "4 consecutive steps, every state tensor" in row["message"]
@@ -90,12 +100,12 @@ def test_a_faithful_step_passes_every_state_tensor_over_consecutive_steps(graded
     ("drift", "wrong", "(state[0].S)"),
     ("hidden_write", "integrity_violation", "wrote into input 0"),
 ])
-def test_a_bad_step_is_refused_naming_the_tensor(graded: dict[str, dict], name: str, status: str, words: str) -> None:
+def test_a_bad_step_is_refused_naming_the_tensor(graded: dict, name: str, status: str, words: str) -> None:
     row = graded[name]
     assert row["status"] == status and words in row["message"], row["message"]
 
 
-def test_a_step_wrong_only_later_is_caught_at_that_step(graded: dict[str, dict]) -> None:
+def test_a_step_wrong_only_later_is_caught_at_that_step(graded: dict) -> None:
     """Teacher forcing: each step's check starts from the reference's state, so the drifting step fails
     at the step where it drifts, never at step 0."""
     assert "step 0" not in graded["drift"]["message"] and " step " in graded["drift"]["message"]

@@ -426,6 +426,30 @@ def _config_from_globals() -> Config:
     return build_config({key: globals()[name] for key, name in _SHAPE_KEYS.items()})
 
 
+def tuned_baseline(model: Model, hidden: torch.Tensor, state: list[dict[str, torch.Tensor]]
+                   ) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
+    """The deck's headline baseline as a library line (problem.yaml `library`): baseline.py's tuned
+    step with `model`'s weights, built on the first call and kept on the model."""
+    tuned = model.__dict__.get("_tuned_baseline")
+    if tuned is None:
+        import importlib.util
+        import sys
+        from pathlib import Path
+
+        name = "_kernelboard_mega02_baseline"
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("baseline.py"))
+            assert spec is not None and spec.loader is not None
+            sys.modules[name] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(sys.modules[name])
+        device = next(model.buffers()).device
+        tuned = sys.modules[name].Model(model.cfg, device=device, init_weights=False)
+        tuned.load_state_dict(model.state_dict())
+        tuned.eval()
+        model.__dict__["_tuned_baseline"] = tuned  # not a submodule: the state dict stays the reference's
+    return tuned.step(hidden, state)
+
+
 def get_init_inputs() -> list[Config]:
     """Model(*get_init_inputs()): the Config of the current shape globals."""
     return [_config_from_globals()]
