@@ -31,6 +31,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .deck import Problem
+from .launches import LaunchCount, count_launches
 from .settings import ESCAPE_FRACTION, ESCAPE_SLACK_MS, LIBRARY_KERNEL
 
 
@@ -104,16 +105,25 @@ def forbidden_ops(problem: Problem, ops: list[str]) -> list[str]:
 def timed_kernels(fn: Callable[..., Any], inputs: list[Any]) -> list[str]:
     """Collector: the distinct CUDA kernels one call launches, in first-launch order (torch
     profiler/CUPTI)."""
+    return profiled_call(fn, inputs)[0]
+
+
+def profiled_call(fn: Callable[..., Any], inputs: list[Any]) -> tuple[list[str], LaunchCount]:
+    """Collector: one call under the profiler — the distinct CUDA kernels it launches, in
+    first-launch order, and how many launches it made (`launches.count_launches`)."""
     from torch.profiler import ProfilerActivity, profile
 
     with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn(*inputs)
         torch.cuda.synchronize()
     names: list[str] = []
+    device_events: list[tuple[str, float]] = []
     for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA and event.name not in names:
-            names.append(event.name)
-    return names
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            device_events.append((event.name, float(event.time_range.elapsed_us())))
+            if event.name not in names:
+                names.append(event.name)
+    return names, count_launches(device_events)
 
 
 def kernel_problems(problem: Problem, kernels: list[str], own: list[str] | None = None,

@@ -373,7 +373,11 @@ def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sta
     problems = audit.kernel_problems(problem, kernels, own, origin)
     if problems:
         raise Failure("forbidden", f"{where}: {'; '.join(problems)}")
-    return stats, {"host_ms": host_ms, "kernels": kernels}
+    launches = int(reply.number("launches"))
+    top_share = None if reply.header.get("top_share") is None else min(reply.number("top_share"), 1.0)
+    log("worker", f"{where}: {launches} kernel launches per call"
+                  + (f", the largest {top_share:.0%} of their time" if top_share is not None else ""))
+    return stats, {"host_ms": host_ms, "kernels": kernels, "launches": launches, "top_kernel_share": top_share}
 
 
 def _graph_times(link: RunnerLink, problem: Problem, plans: list[ShapePlan], shapes: list[dict[str, Any]]) -> None:

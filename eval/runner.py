@@ -375,7 +375,7 @@ class _Runner:
         A name over the protocol's 4096 characters (a CUTLASS 3 instantiation) keeps its head and
         its parameter list."""
         shape = self.loaded[request["shape"]]
-        kernels = audit.timed_kernels(shape.model, shape.timing[0])
+        kernels, count = audit.profiled_call(shape.model, shape.timing[0])
         if self.origins is None:
             self.origins = origins.KernelOrigins(Path(self.setup["solution_dir"]))
         own, origin = origins.own_kernels(kernels, self.origins)
@@ -384,7 +384,7 @@ class _Runner:
             return k if len(k) <= 4000 else f"{k[:2999]}…{k[-1000:]}"
 
         return {"kernels": [short(k) for k in kernels], "own": None if own is None else [short(k) for k in own],
-                "origin": origin}, []
+                "origin": origin, "launches": count.launches, "top_share": count.top_share}, []
 
     def _op_graph(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
         shape = self.loaded[request["shape"]]

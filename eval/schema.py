@@ -175,6 +175,10 @@ SHAPES = _schema(
     _f("graph_ms", pa.float64()),
     _f("kernels", pa.list_(pa.string())),
     _f("note", pa.string()),
+    # Kernel launches of one profiled warm call (each node of a CUDA-graph replay counted; copies and
+    # memsets not) and the largest launch's share of their time (eval/launches.py); null off the GPU.
+    _f("launches", pa.int32()),
+    _f("top_kernel_share", pa.float64()),
 )
 
 BASELINES = _schema(
@@ -214,7 +218,8 @@ HARDWARE = _schema(
 
 #: Nullable columns added to schema version 1 after files were written: a file without one reads as
 #: all nulls (the column's meaning for rows written before it existed).
-ADDED_COLUMNS: dict[str, tuple[str, ...]] = {"results": ("off_board", "sandbox")}
+ADDED_COLUMNS: dict[str, tuple[str, ...]] = {"results": ("off_board", "sandbox"),
+                                             "shapes": ("launches", "top_kernel_share")}
 
 #: Table name -> (schema, key columns). A key identifies a row; rewriting a key replaces the row.
 TABLES: dict[str, tuple[pa.Schema, tuple[str, ...]]] = {

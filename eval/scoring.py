@@ -57,6 +57,7 @@ def shape_rows(problem: Problem, spec: GpuSpec | None, run_id: str, gpu: str,
             "speedup_vs_compile": speedup(comp[1], ms) if comp else None,
             "max_rel_err": ws.get("max_rel_err"),
             "host_ms": ws.get("host_ms"), "graph_ms": ws.get("graph_ms"), "kernels": ws.get("kernels"),
+            "launches": ws.get("launches"), "top_kernel_share": ws.get("top_kernel_share"),
             "note": ws.get("graph_note"),
             "bound": problem.regime,
         }

@@ -131,6 +131,8 @@ class ShapeResult:
     graph_ms: float | None
     kernels: list[str] | None
     note: str | None
+    launches: int | None = None  # kernel launches per profiled call (eval/launches.py)
+    top_kernel_share: float | None = None  # the largest launch's share of their time
 
 
 @dataclass(frozen=True)
