@@ -159,3 +159,24 @@ def test_the_deck_keys_are_read_and_checked() -> None:
                        ({"entry": "not a name"}, "entry"), ({"router_margin_ulps": -1}, "router_margin_ulps")):
         with pytest.raises(DeckError, match=words):
             _stateful(bad, "problem.yaml: stateful")
+
+
+def test_a_router_near_tie_lifts_the_elementwise_bound_and_keeps_the_cosine_rule() -> None:
+    """Judged as the judge does (judge_values): any difference passes the lifted bound — a reference
+    element of 0 included (an rtol of inf made inf · 0 = NaN, which failed the house reference copy on
+    the CPU) — while a NaN and a cosine under the deck's still fail."""
+    from kernelboard.eval.judge import judge_values
+    from kernelboard.eval.plan import ROUTER_NEAR_TIE
+
+    problem = load_problem(FOLDER)
+    ref = (torch.tensor([0.0, 1.0, 2.0], dtype=torch.bfloat16),)
+    names = ["hidden"]
+    near = (torch.tensor([0.0, 1.5, 2.0], dtype=torch.bfloat16),)
+    assert not judge_values(problem, ref, near, [], None, names).ok  # out of the bound at a normal step
+    assert judge_values(problem, ref, near, [], ROUTER_NEAR_TIE, names).ok
+    assert judge_values(problem, ref, ref, [], ROUTER_NEAR_TIE, names).ok
+    nan = (torch.tensor([0.0, float("nan"), 2.0], dtype=torch.bfloat16),)
+    assert "NaN" in judge_values(problem, ref, nan, [], ROUTER_NEAR_TIE, names).message
+    far = (torch.tensor([0.0, -1.0, 2.0], dtype=torch.bfloat16),)
+    verdict = judge_values(problem, ref, far, [], ROUTER_NEAR_TIE, names)
+    assert not verdict.ok and "output 0 (hidden): cosine similarity 0.6000 < 0.98" in verdict.message
