@@ -115,12 +115,13 @@ class Reply:
             raise self._bad("'state' does not list torch's global switches")
         return v
 
-    def outputs(self, refs: list[Output]) -> list[Received]:
-        """The reply's outputs, one per reference, in order."""
+    def outputs(self, refs: list[Output], names: list[str] | None = None) -> list[Received]:
+        """The reply's outputs, one per reference, in order; `names` name a tuple's parts in messages
+        (a stateful step's: 'hidden', 'state[0].S', …)."""
         entries = self.header.get("outputs")
         if not (isinstance(entries, list) and len(entries) == len(refs)):
             raise self._bad(f"'outputs' is not a list of {len(refs)} entries")
-        return [self.link._read_output(self, entry, ref) for entry, ref in zip(entries, refs, strict=True)]
+        return [self.link._read_output(self, entry, ref, names) for entry, ref in zip(entries, refs, strict=True)]
 
 
 class RunnerLink:
@@ -225,9 +226,10 @@ class RunnerLink:
             reply.error = err
         return reply
 
-    def _read_output(self, reply: Reply, entry: dict[str, Any], ref: Output) -> Received:
+    def _read_output(self, reply: Reply, entry: dict[str, Any], ref: Output,
+                     names: list[str] | None = None) -> Received:
         if isinstance(ref, tuple):
-            return self._read_tuple(reply, entry, ref)
+            return self._read_tuple(reply, entry, ref, names)
         if entry["kind"] == "tuple":
             self._skip(reply, entry["parts"])
             return Received(None, "", f"output must be a plain torch.Tensor, got a tuple of {len(entry['parts'])}")
@@ -241,7 +243,8 @@ class RunnerLink:
         blob = self._talk(reply.what, lambda d: self.chan.recv_blob(nbytes, d))
         return Received(decode_tensor(blob, shape, dtype), device, None)
 
-    def _read_tuple(self, reply: Reply, entry: dict[str, Any], ref: tuple[torch.Tensor, ...]) -> Received:
+    def _read_tuple(self, reply: Reply, entry: dict[str, Any], ref: tuple[torch.Tensor, ...],
+                    names: list[str] | None = None) -> Received:
         """A tuple output: as many parts as the reference's, each read like a single output."""
         parts = entry["parts"] if entry["kind"] == "tuple" else [entry]
         if entry["kind"] != "tuple" or len(parts) != len(ref):
@@ -251,7 +254,8 @@ class RunnerLink:
         received = [self._read_output(reply, part, r) for part, r in zip(parts, ref, strict=True)]
         for i, part in enumerate(received):
             if part.tensor is None:
-                return Received(None, part.device, f"output {i}: {part.problem}")
+                name = f" ({names[i]})" if names is not None and i < len(names) else ""
+                return Received(None, part.device, f"output {i}{name}: {part.problem}")
         devices = {part.device for part in received}
         if len(devices) > 1:
             return Received(None, "", f"the outputs are on different devices: {', '.join(sorted(devices))}")

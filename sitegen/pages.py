@@ -110,11 +110,12 @@ def plan(data: SiteData, *, exports: Exports | None = None) -> list[Page]:
     if data.results:  # score against spend per board; with nothing graded the site is the home page alone
         pages.append(Page("efficiency", page_path("efficiency"), partial(views_efficiency.efficiency, data)))
     if data.runs:  # every run (filterable), one leaderboard page per GPU, the models index, one page per model
-        pages.append(Page("runs", page_path("runs"), partial(views_runs.runs_index, data)))
-        pages += [Page("runs_page", page_path("runs_page", n=str(n)), partial(views_runs.runs_index, data, n))
+        index = views_runs.RunsIndex(data)
+        pages.append(Page("runs", page_path("runs"), index.page))
+        pages += [Page("runs_page", page_path("runs_page", n=str(n)), partial(index.page, n))
                   for n in range(2, views_runs.page_count(data) + 1)]
         if views_runs.page_count(data) > 1:
-            pages.append(Page("runs_json", page_path("runs_json"), partial(views_runs.runs_json, data)))
+            pages.append(Page("runs_json", page_path("runs_json"), index.json))
         models = views_models.ModelPages(data)
         pages += [Page("gpu", page_path("gpu", gpu=gpu), partial(models.gpu, gpu)) for gpu in models.gpus]
         pages.append(Page("models", page_path("models"), models.index))
