@@ -63,6 +63,7 @@ from .probe import probe_environment
 from .protocol import Arena, TensorRef
 from .settings import (
     BASELINE_TIMING_SEEDS,
+    COVER_UNCOVERED_SHARE,
     LAUNCH_BOUND_MS,
     PROOF_DISPATCH_MS,
     PROOF_FLOOR_BUDGET_MS,
@@ -337,18 +338,35 @@ def _floor(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, device: 
     return floor_ms(floors, PROOF_DISPATCH_MS[device])
 
 
-def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, state: dict[str, Any],
-                device: str) -> tuple[TimeStats, dict[str, Any]]:
-    """Time one shape in the runner; statistics, output checks, the judge's floor and (on a GPU)
-    the audit rules here. Returns the stats and the extra per-shape fields of the GPU audits."""
+def _timed(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, state: dict[str, Any],
+           cover: bool) -> tuple[TimeStats, dict[str, float] | None]:
+    """The runner's timed loop of one shape, its statistic recomputed here from the raw samples and
+    every timed output checked; with `cover`, how the covered loop went (None where the runner
+    timed it uncovered: more than COVER_UNCOVERED_SHARE of its calls outlasted the cover)."""
     where = f"shape {plan.shape.idx}"
-    reply = link.ask("time", f"{where}: timing", shape=k)
+    reply = link.ask("time", f"{where}: timing{'' if cover else ' (uncovered)'}", shape=k, cover=cover)
     stats = summarize(reply.samples("samples_ms", at_least=2), reply.number("wall_ms"))
     _check_state(state, reply, f"while timing shape {plan.shape.idx}")
     pool = len(plan.timing_refs)
     _Targets(problem, plan.timing_refs, plan.timing_seeds).check(
         reply.probes(stats.iterations), [i % pool for i in range(stats.iterations)], f"{where}: timed call")
     _verify_timed(problem, plan, reply.outputs(plan.timing_refs), "a timed call")
+    return stats, reply.cover() if cover else None
+
+
+def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, state: dict[str, Any],
+                device: str) -> tuple[TimeStats, dict[str, Any]]:
+    """Time one shape in the runner; statistics, output checks, the judge's floor and (on a GPU)
+    the audit rules here. Returns the stats and the extra per-shape fields of the GPU audits."""
+    where = f"shape {plan.shape.idx}"
+    stats, cover = _timed(link, problem, plan, k, state, cover=device == "cuda")
+    if cover is not None:
+        log("worker", f"{where}: covered loop: GPU span {cover['gpu_ms']:.4f} ms, dispatch {cover['dispatch_ms']:.4f} "
+                      f"ms, sleep {cover['sleep_ms']:.4f} ms (medians), {cover['uncovered']:.0f} of "
+                      f"{stats.iterations} calls outlasted their cover")
+    elif device == "cuda":
+        log("worker", f"{where}: timed with the GPU idle before each call: more than "
+                      f"{COVER_UNCOVERED_SHARE:.0%} of the covered calls outlasted their cover")
     floor = _floor(link, problem, plan, k, device, stats.median_ms)
     log("worker", f"{where}: the judge's floor {floor:.4f} ms per warm call (its clock), the timed median "
                   f"{stats.median_ms:.4f} ms (the runner's)")
@@ -358,6 +376,10 @@ def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sta
     host_ms = statistics.median(synced.samples("host_ms"))
     residue_ms = statistics.median(synced.samples("residue_ms"))
     log("worker", f"{where}: host-synchronised call {host_ms:.4f} ms, device busy {residue_ms:.4f} ms past its stream")
+    hidden = audit.cover_hid_work(host_ms, cover["gpu_ms"], cover["dispatch_ms"]) if cover is not None else None
+    if hidden:
+        log("worker", f"{where}: {hidden}; timed again with the GPU idle before each call")
+        stats, cover = _timed(link, problem, plan, k, state, cover=False)
     escaped = audit.escaped_work(residue_ms, stats.median_ms)
     if escaped:
         raise Failure("integrity_violation", f"{where}: {escaped}")
@@ -372,7 +394,8 @@ def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sta
     top_share = None if reply.header.get("top_share") is None else min(reply.number("top_share"), 1.0)
     log("worker", f"{where}: {launches} kernel launches per call"
                   + (f", the largest {top_share:.0%} of their time" if top_share is not None else ""))
-    return stats, {"host_ms": host_ms, "kernels": kernels, "launches": launches, "top_kernel_share": top_share}
+    return stats, {"host_ms": host_ms, "kernels": kernels, "launches": launches, "top_kernel_share": top_share,
+                   "timing_method": "covered" if cover is not None else "synchronised"}
 
 
 def _graph_times(link: RunnerLink, problem: Problem, plans: list[ShapePlan], shapes: list[dict[str, Any]]) -> None:

@@ -83,6 +83,18 @@ class Reply:
             raise self._bad(f"{key!r} is not a finite number ≥ 0")
         return float(v)
 
+    def cover(self) -> dict[str, float] | None:
+        """How a covered timed loop went (timing.Cover's fields), or None where the loop was not
+        covered."""
+        v = self.header.get("cover")
+        if v is None:
+            return None
+        keys = {"gpu_ms", "dispatch_ms", "sleep_ms", "uncovered"}
+        if not (isinstance(v, dict) and set(v) == keys
+                and all(type(x) in (int, float) and math.isfinite(x) and x >= 0 for x in v.values())):
+            raise self._bad(f"'cover' is not null or an object of finite numbers ≥ 0 with keys {sorted(keys)}")
+        return {k: float(x) for k, x in v.items()}
+
     def text(self, key: str) -> str:
         v = self.header.get(key)
         if not isinstance(v, str) or len(v) > _MAX_TEXT:

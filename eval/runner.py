@@ -24,6 +24,7 @@ the judge (PR_SET_PDEATHSIG). Its stdout and stderr are the judge's: the same lo
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import itertools
 import os
 import signal
@@ -135,6 +136,12 @@ class FreshFeed(Feed):
         self.pool, self.probes = pool, probes
         self.live = _private_like(pool[0])
         self.taken: list[list[torch.Tensor | None]] = []
+
+    def start_timed(self) -> None:
+        """A timed loop begins (a covered loop that is run again uncovered begins twice): only the
+        last loop's probes go to the judge."""
+        super().start_timed()
+        self.taken = []
 
     def next_inputs(self) -> list[Any]:
         j = self.calls % len(self.pool)
@@ -313,13 +320,15 @@ class _Runner:
         kwargs = {} if self.setup["rep_ms"] is None else {"rep_ms": self.setup["rep_ms"]}
         feed = FreshFeed(shape.timing, shape.probes)
         if self.device == "cuda":
-            stats, last = time_cuda(shape.model, None, feed=feed, l2_bytes=self.l2_bytes, **kwargs)
+            stats, last = time_cuda(shape.model, None, feed=feed, l2_bytes=self.l2_bytes,
+                                    cover_dispatch=bool(request.get("cover", True)), **kwargs)
         else:
             stats, last = time_cpu(shape.model, None, feed=feed, **kwargs)
         self._sync()
         encoded = [encode_output(out) for out in last]
         header = {"samples_ms": list(stats.samples_ms), "wall_ms": stats.wall_ms, "state": torch_global_state(),
-                  "probes": _finish(feed.taken), "outputs": [meta for meta, _ in encoded]}
+                  "probes": _finish(feed.taken), "outputs": [meta for meta, _ in encoded],
+                  "cover": None if stats.cover is None else dataclasses.asdict(stats.cover)}
         return header, [blob for _, blobs in encoded for blob in blobs]
 
     def _op_proof(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
@@ -367,7 +376,8 @@ class _Runner:
     def _op_host_sync(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
         shape = self.loaded[request["shape"]]
         assert self.flush is not None
-        return audit.host_synced_samples_ms(shape.model, shape.timing, self.flush), []
+        feed = FreshFeed(shape.timing, shape.probes)
+        return audit.host_synced_samples_ms(shape.model, feed.next_inputs, self.flush), []
 
     def _op_kernels(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
         """The kernels one call launches, which of them came from the candidate's code (by where

@@ -156,6 +156,7 @@ def ensure_baselines(opts: EvalOptions, gpu: str, problem: Problem, env: dict[st
         rows.append({"bench": problem.bench, "problem": problem.name, "gpu": gpu, "shape_idx": shape.idx,
                      "shape_label": shape.label, "shape_json": shape.params_json, "variant": b["variant"],
                      "status": b["status"], "message": b["message"], **stats, "timer": _timer(opts.device),
+                     "timing_method": b.get("timing_method"),
                      "device_name": env["device_name"], "torch_version": env["torch_version"],
                      "triton_version": env.get("triton_version"), "cuda_version": env.get("cuda_version"),
                      "grader_version": GRADER_VERSION, "measured_at": _now()})

@@ -72,6 +72,7 @@ PRECISIONS = ("fp8", "bf16", "fp16", "tf32", "fp32")
 
 #: Timers the grader knows; CPU timings are labelled as such and never compared with GPU ones.
 TIMERS = ("cuda_event", "cpu_wall")
+TIMING_METHODS = ("covered", "synchronised")
 
 _ts = pa.timestamp("us", tz="UTC")
 
@@ -179,6 +180,10 @@ SHAPES = _schema(
     # memsets not) and the largest launch's share of their time (eval/launches.py); null off the GPU.
     _f("launches", pa.int32()),
     _f("top_kernel_share", pa.float64()),
+    # How the GPU samples were taken (eval/timing.py): "covered" (dispatch covered by a GPU sleep;
+    # since grader 0.4.0) or "synchronised" (the GPU idle before each call); null before 0.4.0 and
+    # off the GPU.
+    _f("timing_method", pa.string()),
 )
 
 BASELINES = _schema(
@@ -193,6 +198,7 @@ BASELINES = _schema(
     _f("message", pa.string(), False),
     *_TIME_STATS,
     _f("timer", pa.string(), False),
+    _f("timing_method", pa.string()),  # as in SHAPES
     _f("device_name", pa.string(), False),
     _f("torch_version", pa.string()),
     _f("triton_version", pa.string()),
@@ -219,7 +225,8 @@ HARDWARE = _schema(
 #: Nullable columns added to schema version 1 after files were written: a file without one reads as
 #: all nulls (the column's meaning for rows written before it existed).
 ADDED_COLUMNS: dict[str, tuple[str, ...]] = {"results": ("off_board", "sandbox"),
-                                             "shapes": ("launches", "top_kernel_share")}
+                                             "shapes": ("launches", "top_kernel_share", "timing_method"),
+                                             "baselines": ("timing_method",)}
 
 #: Table name -> (schema, key columns). A key identifies a row; rewriting a key replaces the row.
 TABLES: dict[str, tuple[pa.Schema, tuple[str, ...]]] = {
@@ -238,6 +245,8 @@ ENUMS: dict[tuple[str, str], tuple[str, ...]] = {
     ("baselines", "timer"): TIMERS,
     ("baselines", "status"): ("ok", "error", "wrong"),
     ("shapes", "bound"): REGIMES,
+    ("shapes", "timing_method"): TIMING_METHODS,
+    ("baselines", "timing_method"): TIMING_METHODS,
 }
 
 

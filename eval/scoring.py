@@ -58,6 +58,7 @@ def shape_rows(problem: Problem, spec: GpuSpec | None, run_id: str, gpu: str,
             "max_rel_err": ws.get("max_rel_err"),
             "host_ms": ws.get("host_ms"), "graph_ms": ws.get("graph_ms"), "kernels": ws.get("kernels"),
             "launches": ws.get("launches"), "top_kernel_share": ws.get("top_kernel_share"),
+            "timing_method": ws.get("timing_method"),
             "note": ws.get("graph_note"),
             "bound": problem.regime,
         }

@@ -19,7 +19,8 @@ GRADER_VERSION = __version__
 #: raise it whenever timing or the baseline worker changes what a baseline row means.
 #: Eager and compile rows have been measured the same way since 0.2.0; library rows are checked
 #: against the reference (a wrong one records no time) since 0.2.2.
-BASELINE_METHOD_SINCE: dict[str, str] = {"eager": "0.2.0", "compile": "0.2.0", "library": "0.2.2"}
+#: Since 0.4.0 every GPU line is timed with its dispatch covered (timing.time_cuda).
+BASELINE_METHOD_SINCE: dict[str, str] = {"eager": "0.4.0", "compile": "0.4.0", "library": "0.4.0"}
 
 #: The reference is timed eager and through torch.compile; the headline is the faster compile mode.
 BASELINE_VARIANTS: dict[str, tuple[str, ...]] = {"cuda": ("eager", "compile:default", "compile:max-autotune"),
@@ -121,6 +122,22 @@ class TimerDefaults:
 
 
 #: `timing.time_cuda` (CUDA events) and `timing.time_cpu` (perf_counter) defaults.
+#: The covered GPU timer (timing.time_cuda): before each timed call the GPU sleeps COVER_FACTOR
+#: times the host's slowest measured dispatch of one call (clamped to [COVER_MIN_MS, COVER_MAX_MS]),
+#: so the call's launches are queued when it starts; a call whose dispatch took COVER_MARGIN of the
+#: sleep or more was not covered (or waited on the GPU) and its sample is its GPU span.
+COVER_FACTOR = 3.0
+COVER_MIN_MS = 0.05
+COVER_MAX_MS = 5.0
+COVER_MARGIN = 0.8
+#: More uncovered calls than this share of a loop: it is timed again without the cover.
+COVER_UNCOVERED_SHARE = 0.1
+#: The judge's check that the cover hid no work (audit.cover_hid_work): a call from an idle GPU to a
+#: device-wide synchronise may take at most the covered loop's GPU span plus its dispatch plus this
+#: slack (COVER_SLACK_MS + COVER_SLACK_FRACTION of the two); beyond it the shape is timed again
+#: with the GPU idle before each call (the whole latency, as before 0.4.0).
+COVER_SLACK_MS = 0.02
+COVER_SLACK_FRACTION = 0.25
 CUDA_TIMER = TimerDefaults(warmup_ms=100.0, min_warmup=10, rep_ms=400.0, min_iters=20, max_iters=2000)
 CPU_TIMER = TimerDefaults(warmup_ms=50.0, min_warmup=3, rep_ms=200.0, min_iters=10, max_iters=200)
 #: Bytes written before each CPU timed call (a cache-sized buffer).

@@ -10,10 +10,20 @@ Method of `time_cuda` (Triton's `do_bench` pattern, made stricter):
    `rep_ms / estimate`, clamped to [`min_iters`, `max_iters`].
 3. Timed loop, one CUDA event pair per call on the current stream: before each call its inputs
    are refilled and a buffer of twice the L2 size is zeroed (cold L2 for every call) and the
-   device is synchronised, then start event, the call, end event. The GPU is idle when the start
-   event runs, so a sample is the call's whole latency: host dispatch plus GPU work, for every
-   contestant alike (without the synchronise, dispatch overlaps the flush by a varying amount,
-   and launch-bound calls measured 0.3–0.45 ms for a 0.4 ms median on an H200).
+   device is synchronised. Then (since grader 0.4.0, "covered") the GPU sleeps for COVER_FACTOR
+   times the host's slowest measured dispatch of one call (`torch.cuda._sleep`, its cycles per ms
+   measured once the sleep kernel is loaded), then the start event, the call, the end event: the
+   call's launches are queued before it starts, so a sample is the GPU's span for the call — never
+   below the loop's median host dispatch (`covered_samples`), since a call costs its host time
+   too in a stream of calls (and a result computed on the CPU must not hide behind the sleep).
+   A call whose dispatch outlasts COVER_MARGIN of its sleep was not covered, or waited on the GPU
+   inside itself (which waits out the sleep too); where more than COVER_UNCOVERED_SHARE of the
+   calls were so, the loop runs again "synchronised": no sleep, the GPU idle when the start event
+   runs, a sample the call's whole latency (host dispatch plus GPU work; the method of every
+   grader before 0.4.0). The judge also times the shape again synchronised where a call from an
+   idle GPU to a device-wide synchronise takes longer than the covered span and dispatch allow
+   (`audit.cover_hid_work`): work on a stream that does not wait for the timed one can run under
+   the sleep. Each shape row records its method (`timing_method`).
 4. Statistic: median, with p10, p90, min and the iteration count, computed by `summarize` from
    the raw per-call samples, which the record keeps (`samples_ms`): when candidate code is timed
    in the runner process, the judge recomputes the statistic from those samples itself.
@@ -78,24 +88,29 @@ floor says so by being 0. A clock that takes a constant few µs off every call s
 call are not refused by this rule.
 
 Known biases: events on the current stream miss work on other streams (the caller cross-checks
-wall time, and the probe, enqueued after the call, reads outputs the stream has not waited
-for); for launch-bound calls (tens of µs) host dispatch is a large share of the time,
-which is what a caller pays but not what the GPU does; clocks are not locked (the GPU is
-measured as found, after a spin-up that lifts it from idle clocks). The refill copies the
-inputs before each call, which leaves part of them in the L2 that the flush then evicts.
+the host's device-wide synchronise, `audit.escaped_work` and `audit.cover_hid_work`, and the probe,
+enqueued after the call, reads outputs the stream has not waited for); work on another stream that
+overlaps the sleep by less than the cross-check's slack (COVER_SLACK_MS + COVER_SLACK_FRACTION of
+span and dispatch) is not seen; clocks are not locked (the GPU is measured as found, after a
+spin-up that lifts it from idle clocks). The refill copies the inputs before each call, which
+leaves part of them in the L2 that the flush then evicts.
 
-**Fidelity, measured (and not yet good enough).** Because a sample includes host dispatch, a
-launch-bound call moves with whatever else the host does. The house 03 kernel graded three times in
-a row on one H200 while the other H200 of the host graded published kernels (grader 0.3.0/0.3.1,
-2026-12-01; 2000 samples a shape): per-shape medians 0.034–0.041, 0.118–0.135, 0.050–0.063,
-0.057–0.060 and 0.031–0.032 ms, spreads of 22%, 15%, 26%, 6% and 3% (issue 14's target: ≤ 3% for
-shapes ≥ 20 µs), headline 6.10× and 5.87× (4%; target ≤ 2%). Pinning the judge and runner to two
-cores of their own made it worse (slower and as spread: reverted). Within one grading the median of
-2000 samples is steady; the shift is between gradings, with the host's load.
+**Fidelity, measured** (`bench/timing_methods.py`: the house 03 kernel and its eager reference timed
+by both methods in three fresh processes, twelve busy-looping processes on the host's 16 cores, one
+H200, three runs on 2026-12-01). Synchronised, the per-shape medians spread 4–33% between processes
+on every shape but one, and the headline (eager fixed, as cached baselines are) 7.7–10.1%: a
+sample held the host's dispatch, which moves with its load. Covered, the three shapes whose GPU span
+(33–100 µs) clearly exceeds their dispatch spread 0.1–0.7% in all three runs; the two shapes of 15–20
+µs, whose dispatch (10–25 µs) nears their span, still moved in one process of each run (24–54%: a
+process whose host dispatched slower, or an uncalibrated sleep in the first run), and the headline
+spread 4.5–9.1%. So a figure of a kernel whose dispatch is near its GPU time is a figure of its
+host, and moves with it; issue 14's targets (≤ 3% a shape of ≥ 20 µs, ≤ 2% headline) are met by
+the covered timer on GPU-bound shapes and not yet on those.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -106,6 +121,11 @@ from typing import Any
 import torch
 
 from .settings import (
+    COVER_FACTOR,
+    COVER_MARGIN,
+    COVER_MAX_MS,
+    COVER_MIN_MS,
+    COVER_UNCOVERED_SHARE,
     CPU_FLUSH_BYTES,
     CPU_TIMER,
     CUDA_TIMER,
@@ -152,6 +172,19 @@ class Feed:
 
 
 @dataclass(frozen=True)
+class Cover:
+    """How a covered timed loop went, for the judge's check and the log: medians over the timed
+    calls of the GPU span between the call's events, of the host's dispatch (call to return), and
+    of the sleep that covered it; `uncovered` counts calls whose dispatch outlasted most of the sleep
+    (or that waited on the GPU), whose sample is then the GPU span alone."""
+
+    gpu_ms: float
+    dispatch_ms: float
+    sleep_ms: float
+    uncovered: int
+
+
+@dataclass(frozen=True)
 class TimeStats:
     median_ms: float
     p10_ms: float
@@ -160,11 +193,13 @@ class TimeStats:
     iterations: int
     wall_ms: float  # host wall clock of the whole timed loop, for the escaped-work cross-check
     samples_ms: tuple[float, ...] = field(default=(), repr=False)  # one per timed call, in call order
+    cover: Cover | None = field(default=None, repr=False)  # how a covered CUDA loop went; None otherwise
+    method: str | None = None  # "covered" or "synchronised" on a GPU (schema.TIMING_METHODS); None on the CPU
 
     def row(self) -> dict[str, float | int]:
         """The statistic as a result row stores it (no wall clock, no raw samples)."""
         return {"median_ms": self.median_ms, "p10_ms": self.p10_ms, "p90_ms": self.p90_ms,
-                "min_ms": self.min_ms, "iterations": self.iterations}
+                "min_ms": self.min_ms, "iterations": self.iterations, "timing_method": self.method}
 
 
 def summarize(samples_ms: Sequence[float], wall_ms: float) -> TimeStats:
@@ -232,6 +267,22 @@ def _feed(input_sets: Sequence[Inputs] | None, feed: Feed | None) -> Feed:
     return feed
 
 
+def covered_samples(spans_ms: Sequence[float], dispatch_ms: Sequence[float],
+                    sleeps_ms: Sequence[float]) -> list[float]:
+    """A covered loop's samples, one per call: its GPU span, never below the loop's median host
+    dispatch — what a call costs in a stream of calls, where the host dispatches the next call
+    while the GPU runs this one, so host-side work (a result computed on the CPU) cannot hide
+    behind the cover. The median, not each call's own dispatch, is the floor: per call, the host's
+    jitter under a loaded CPU (another grading) would reach the median of any kernel whose GPU
+    span is near its dispatch (15–20 µs against 10–17 µs for the house 03 kernel). Where a call's
+    dispatch took COVER_MARGIN of its sleep or more (it outgrew the cover, or waited on the GPU,
+    which the sleep itself delays), its GPU span already holds the GPU's wait for its launches,
+    and is its sample."""
+    floor = statistics.median(dispatch_ms)
+    return [span if d >= COVER_MARGIN * sleep else max(span, floor)
+            for span, d, sleep in zip(spans_ms, dispatch_ms, sleeps_ms, strict=True)]
+
+
 @torch.no_grad()
 def time_cuda(
     fn: Callable[..., Any],
@@ -244,16 +295,18 @@ def time_cuda(
     rep_ms: float = CUDA_TIMER.rep_ms,
     min_iters: int = CUDA_TIMER.min_iters,
     max_iters: int = CUDA_TIMER.max_iters,
-    cover_dispatch: bool = False,
+    cover_dispatch: bool = True,
 ) -> tuple[TimeStats, list[Any]]:
     """Time `fn(*inputs)` on a CUDA device as the module docstring describes; inputs come from
     `feed` (or rotate over `input_sets`). Returns the stats and the feed's last output per set.
 
-    `cover_dispatch` (not used by grading; bench/timing_methods.py compares it with the default):
-    after the synchronise, the GPU spins (`torch.cuda._sleep`) for three times the host's measured
-    dispatch time of one call before the start event, so the call's launches are queued by the time
-    it starts and a sample is its GPU time, without the host's dispatch jitter — unless the call
-    itself waits for the GPU."""
+    `cover_dispatch` (the grading method since 0.4.0): after the synchronise, the GPU sleeps
+    (`torch.cuda._sleep`) for COVER_FACTOR times the host's measured dispatch of one call before the
+    start event, so the call's launches are queued by the time it starts; a sample is
+    its GPU span, never below the loop's median host dispatch (`covered_samples`). Where more than
+    COVER_UNCOVERED_SHARE of the calls outlasted their cover (a call that waits on the GPU inside
+    itself waits out the sleep too), the loop runs again without it. Off: the call starts on an idle
+    GPU and a sample is its whole latency (host dispatch plus GPU work), the method before 0.4.0."""
     feed = _feed(input_sets, feed)
     flush = torch.empty(max(L2_FLUSH_FACTOR * l2_bytes, MIN_FLUSH_BYTES) // 4, dtype=torch.int32, device="cuda")
     spin_up(flush)
@@ -271,9 +324,21 @@ def time_cuda(
     torch.cuda.synchronize()
     per_call_ms = (time.perf_counter() - t0) * 1e3 / 5
     iters = _iterations(per_call_ms, rep_ms, min_iters, max_iters)
-    cover_cycles = _cover_cycles(fn, [feed.next_inputs() for _ in range(5)]) if cover_dispatch else 0
+    if cover_dispatch:
+        stats = _timed_loop(fn, feed, flush, iters, _cover_cycles(fn, [feed.next_inputs() for _ in range(5)]))
+        assert stats.cover is not None
+        if stats.cover.uncovered <= COVER_UNCOVERED_SHARE * iters:
+            return stats, feed.last
+    return _timed_loop(fn, feed, flush, iters, 0), feed.last
+
+
+def _timed_loop(fn: Callable[..., Any], feed: Feed, flush: torch.Tensor, iters: int, cover_cycles: int) -> TimeStats:
+    """`iters` timed calls, each from a flushed L2 and an idle GPU, behind a sleep of
+    `cover_cycles` where that is not 0 (then the samples are `covered_samples`, else the GPU spans)."""
+    gates = [torch.cuda.Event(enable_timing=True) for _ in range(iters if cover_cycles else 0)]
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    dispatch = [0.0] * iters
     torch.cuda.synchronize()
     feed.start_timed()
     wall0 = time.perf_counter()
@@ -282,37 +347,51 @@ def time_cuda(
         flush.zero_()
         torch.cuda.synchronize()
         if cover_cycles:
+            gates[i].record()
             torch.cuda._sleep(cover_cycles)
         starts[i].record()
+        t = time.perf_counter()
         out = fn(*args)
+        dispatch[i] = (time.perf_counter() - t) * 1e3
         ends[i].record()
         feed.seen(out, iters - 1 - i)
         del out
     torch.cuda.synchronize()
     wall_ms = (time.perf_counter() - wall0) * 1e3
     feed.done()
-    samples = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
-    return summarize(samples, wall_ms), feed.last
+    spans = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+    if not cover_cycles:
+        return dataclasses.replace(summarize(spans, wall_ms), method="synchronised")
+    sleeps = [g.elapsed_time(s) for g, s in zip(gates, starts, strict=True)]
+    samples = covered_samples(spans, dispatch, sleeps)
+    cover = Cover(statistics.median(spans), statistics.median(dispatch), statistics.median(sleeps),
+                  sum(d >= COVER_MARGIN * s for d, s in zip(dispatch, sleeps, strict=True)))
+    return dataclasses.replace(summarize(samples, wall_ms), cover=cover, method="covered")
 
 
 def _cover_cycles(fn: Callable[..., Any], sets: list[Inputs]) -> int:
-    """GPU sleep cycles that outlast the host's dispatch of one call: three times the slowest of a
-    few dispatches (host time from call to return, the GPU idle before each), 0.05–5 ms; cycles per
-    ms measured here with events on a 1 M-cycle sleep."""
+    """GPU sleep cycles that outlast the host's dispatch of one call: COVER_FACTOR times the slowest
+    of a few dispatches (host time from call to return, the GPU idle before each), clamped to
+    [COVER_MIN_MS, COVER_MAX_MS]. Cycles per ms are measured here, on sleeps of 1 M cycles after one
+    that loads the sleep kernel (a first launch's module load, inside the events, once made the
+    sleep look slower, the cover too short, and one process's samples whole latencies)."""
     dispatch_ms = 0.0
     for args in sets:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         fn(*args)
         dispatch_ms = max(dispatch_ms, (time.perf_counter() - t0) * 1e3)
+    torch.cuda._sleep(1000)
     torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    torch.cuda._sleep(1_000_000)
-    b.record()
-    torch.cuda.synchronize()
-    cycles_per_ms = 1_000_000 / max(a.elapsed_time(b), 1e-3)
-    return int(min(max(3 * dispatch_ms, 0.05), 5.0) * cycles_per_ms)
+    per_ms = []
+    for _ in range(3):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        torch.cuda._sleep(1_000_000)
+        b.record()
+        torch.cuda.synchronize()
+        per_ms.append(1_000_000 / max(a.elapsed_time(b), 1e-3))
+    return int(min(max(COVER_FACTOR * dispatch_ms, COVER_MIN_MS), COVER_MAX_MS) * max(per_ms))
 
 
 @torch.no_grad()

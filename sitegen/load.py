@@ -133,6 +133,7 @@ class ShapeResult:
     note: str | None
     launches: int | None = None  # kernel launches per profiled call (eval/launches.py)
     top_kernel_share: float | None = None  # the largest launch's share of their time
+    timing_method: str | None = None  # "covered" or "synchronised" (eval/timing.py); None before 0.4.0
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,7 @@ class Baseline:
     cuda_version: str | None
     grader_version: str
     measured_at: datetime
+    timing_method: str | None = None  # as in ShapeResult
 
 
 @dataclass(frozen=True)

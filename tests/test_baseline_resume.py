@@ -72,7 +72,15 @@ Model.forward = _hanging_forward
 def test_cached_baselines_are_reused_only_within_one_baseline_method(
         monkeypatch: pytest.MonkeyPatch, variant: str, measured_by: str, current: str, reusable: bool) -> None:
     monkeypatch.setattr(settings, "GRADER_VERSION", current)
+    monkeypatch.setattr(settings, "BASELINE_METHOD_SINCE", {"eager": "0.2.0", "compile": "0.2.0", "library": "0.2.2"})
     assert settings.baseline_reusable(variant, measured_by) is reusable
+
+
+@pytest.mark.parametrize("variant", ["eager", "compile:default", "library:torch.topk"])
+def test_baselines_timed_before_the_covered_timer_are_measured_again(variant: str) -> None:
+    """0.4.0 times every GPU line with its dispatch covered: a 0.3.x row means another statistic."""
+    assert not settings.baseline_reusable(variant, "0.3.6")
+    assert settings.baseline_reusable(variant, settings.GRADER_VERSION)
 
 
 @pytest.mark.parametrize(("status", "message", "retried"), [

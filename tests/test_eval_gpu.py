@@ -171,6 +171,26 @@ def _pinned(self, query, kv_cache, block_table, seq_lens):
     return _forward(self, query, kv_cache, block_table, seq_lens)
 Model.forward = _pinned
 """,
+    # Work on a private stream that does not wait for the timed stream runs while the cover's sleep
+    # holds that stream, and a long dispatch (a host spin) buys a long sleep: the GPU span sees only
+    # the join and the house kernel. The figure must hold the work all the same.
+    "under_cover": HOUSE_SOURCE + """
+import time as _time
+_forward_uc = Model.forward
+def _under_cover(self, query, kv_cache, block_table, seq_lens):
+    if not hasattr(self, "_side"):
+        self._side = torch.cuda.Stream()
+        self._big = torch.randn(1024, 1024, device=query.device)
+    with torch.cuda.stream(self._side):
+        for _ in range(4):
+            torch.mm(self._big, self._big)
+    t = _time.perf_counter()
+    while _time.perf_counter() - t < 1e-4:
+        pass
+    torch.cuda.current_stream().wait_stream(self._side)
+    return _forward_uc(self, query, kv_cache, block_table, seq_lens)
+Model.forward = _under_cover
+""",
 }
 
 EXPECTED = {"house": "pass", "illegal_access": "runtime_error", "reference": "forbidden",
@@ -179,7 +199,7 @@ EXPECTED = {"house": "pass", "illegal_access": "runtime_error", "reference": "fo
             "side_stream_light": ("wrong", "integrity_violation", "forbidden"),
             "pointer_keyed_cache": "wrong", "stale_graph_replay": "wrong",
             "persisting_l2_window": ("pass", "integrity_violation"),
-            "in_call_sync": "pass", "graph_on_input_pointers": "pass"}
+            "in_call_sync": "pass", "graph_on_input_pointers": "pass", "under_cover": "pass"}
 
 
 class _Graded(dict):
@@ -272,5 +292,25 @@ def test_house_shapes_record_kernels_graph_and_host_times(graded) -> None:
     for s in shapes:
         assert any("paged" in k for k in s["kernels"]), s["kernels"]
         assert s["host_ms"] > 0
-        if s["median_ms"] < 0.2:
-            assert s["graph_ms"] is not None and s["graph_ms"] < s["median_ms"]
+        if s["median_ms"] < 0.2:  # a replay from an idle GPU; the covered median may be below it (0.4.0)
+            assert s["graph_ms"] is not None and s["graph_ms"] > 0
+
+
+def test_work_under_the_cover_is_in_the_figure(graded) -> None:
+    """Grader 0.4.0's covered timing: the house kernel is timed covered; a call that waits on the GPU
+    inside itself is timed again with the GPU idle before each call; and work that ran on a side
+    stream under the cover's sleep is in the figure all the same — here through the median dispatch
+    that bought the long sleep (0.384 ms timed against 0.390 ms from an idle GPU to a device-wide
+    synchronise, on the H200 of 2026-12-01), or else through the judge's host-synchronised check."""
+    root, rows = graded
+    assert rows["under_cover"]["status"] == "pass"  # skips where the case was not graded
+    shapes = load_all(root / "out")["shapes"].to_pylist()
+    by = {(s["run_id"], s["shape_idx"]): s for s in shapes}
+    for (run_id, idx), s in by.items():
+        if run_id == "house":
+            assert s["timing_method"] == "covered", s
+        elif run_id == "in_call_sync":
+            assert s["timing_method"] == "synchronised", s
+        elif run_id == "under_cover":
+            assert s["median_ms"] >= 0.8 * s["host_ms"], (s["median_ms"], s["host_ms"])
+            assert s["median_ms"] >= 1.5 * by[("house", idx)]["median_ms"], (s["median_ms"], by[("house", idx)])

@@ -17,6 +17,25 @@ def test_documented_method_matches_the_signature() -> None:
     doc = " ".join((timing.__doc__ or "").split())
     assert "twice the L2 size" in doc and "median" in doc and "at least three input sets" in doc
     assert "same addresses on every call" in doc
+    assert params["cover_dispatch"].default is True  # the grading method since 0.4.0
+
+
+def test_a_covered_sample_is_the_gpu_span_never_below_the_median_dispatch() -> None:
+    # GPU-bound: the spans, a host hiccup of one call (0.030 ms dispatch) changes nothing
+    assert timing.covered_samples([0.020, 0.021, 0.020], [0.010, 0.030, 0.011], [0.1] * 3) == [0.020, 0.021, 0.020]
+    # host-bound (a result computed on the CPU, say): the median dispatch is the floor
+    assert timing.covered_samples([0.005, 0.006, 0.005], [0.012, 0.013, 0.011], [0.1] * 3) == [0.012, 0.012, 0.012]
+    # the dispatch outgrew the sleep, or the call waited on the GPU: the span holds the GPU's wait
+    assert timing.covered_samples([0.030, 0.004, 0.004], [0.045, 0.012, 0.012], [0.05] * 3) == [0.030, 0.012, 0.012]
+
+
+def test_work_hidden_under_the_cover_is_seen_by_a_host_synchronised_call() -> None:
+    from kernelboard.eval import audit
+
+    assert audit.cover_hid_work(0.032, 0.020, 0.010) is None  # dispatch + span + the synchronise
+    # a side stream ran 0.3 ms under the sleep: the span saw only the join and a short kernel
+    message = audit.cover_hid_work(0.33, 0.015, 0.10)
+    assert message is not None and "0.3300 ms" in message and "covered GPU span 0.0150 ms" in message
 
 
 def test_time_cpu_returns_stats_and_the_last_outputs() -> None:
