@@ -10,6 +10,11 @@ mode, each library line) and the eager and compile times the run itself was comp
 then the geomean over the run's shapes. It is never above the speedup over compile, and equals it where
 compile is the fastest line on every shape. A shape without a solution time or without any line time
 gives no figure at all (None): nothing is guessed. Pure arithmetic over loaded records, no I/O.
+
+A time is only ever divided by a time taken the same way: grader 0.4.0 times GPU calls with their
+dispatch covered (rows with a `timing_method`), older graders synchronised (rows without one), so a
+shape's lines are the baselines of its own method; the problem page shows the newer method's lines
+where a shape has both (while a regrade is under way).
 """
 
 from __future__ import annotations
@@ -135,18 +140,22 @@ class FastestLines:
     pass's speedup over it. Built once per page kind from `SiteData.baselines`, passed to whoever needs it."""
 
     def __init__(self, baselines: Iterable[Baseline]) -> None:
-        self._lines: dict[tuple[str, str, str, int], list[Line]] = defaultdict(list)
+        # keyed by (bench, problem, GPU, shape, covered): covered is whether the line has a timing_method
+        self._lines: dict[tuple[str, str, str, int, bool], list[Line]] = defaultdict(list)
         self._labels: dict[tuple[str, str, str, int], str] = {}
         for b in baselines:
             if b.status == "ok" and b.median_ms is not None and b.median_ms > 0:
-                key = (b.bench, b.problem, b.gpu, b.shape_idx)
-                self._lines[key].append(Line(b.variant, b.median_ms))
-                self._labels[key] = b.shape_label
+                self._lines[(b.bench, b.problem, b.gpu, b.shape_idx, b.timing_method is not None)].append(
+                    Line(b.variant, b.median_ms))
+                self._labels[(b.bench, b.problem, b.gpu, b.shape_idx)] = b.shape_label
 
     def problem(self, bench: str, problem: str, gpu: str) -> tuple[ShapeLines, ...]:
-        """Every shape of a problem on a GPU that has a baseline row, by shape index (the problem page)."""
-        keys = sorted(k for k in self._lines if k[:3] == (bench, problem, gpu))
-        found = (_shape_lines(k[3], self._labels[k], self._lines[k]) for k in keys)
+        """Every shape of a problem on a GPU that has a baseline row, by shape index (the problem page),
+        each with the lines of the newer timing method it has."""
+        shapes = sorted({k[3] for k in self._lines if k[:3] == (bench, problem, gpu)})
+        found = (_shape_lines(i, self._labels[(bench, problem, gpu, i)],
+                              self._lines.get((bench, problem, gpu, i, True))
+                              or self._lines[(bench, problem, gpu, i, False)]) for i in shapes)
         return tuple(s for s in found if s is not None)
 
     def _own_lines(self, result: Result, shape: ShapeResult) -> list[Line]:
@@ -165,7 +174,7 @@ class FastestLines:
         for s in result.shapes:
             if s.median_ms is None or s.median_ms <= 0:
                 return None
-            key = (bench, problem, result.gpu, s.shape_idx)
+            key = (bench, problem, result.gpu, s.shape_idx, s.timing_method is not None)
             lines = _shape_lines(s.shape_idx, s.shape_label, [*self._lines.get(key, ()), *self._own_lines(result, s)])
             if lines is None:
                 return None

@@ -11,6 +11,7 @@ library line is faster still; the house kernel's source says it was never timed 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 from collections.abc import Iterator
@@ -119,6 +120,22 @@ def test_the_speedup_over_the_fastest_line_is_recomputable_by_hand(variant: tupl
     per_problem = lines.problem("hard", PROBLEM, GPU)
     assert [s.fastest.kind for s in per_problem] == ["eager"] * (got.n - 1) + ["library"]
     assert all(s.compile_beaten for s in per_problem)
+
+
+def test_a_time_is_divided_only_by_lines_timed_the_same_way(variant: tuple[SiteInputs, Path]) -> None:
+    """Grader 0.4.0's covered baselines never divide a run timed synchronised (its rows have no
+    timing_method): the run keeps only its own eager and compile times; the problem page shows the
+    covered lines."""
+    inputs, _ = variant
+    data = load_site(inputs.data_dir, inputs.decks_dir)
+    covered = [dataclasses.replace(b, timing_method="covered") for b in data.baselines]
+    lines = FastestLines(covered)
+    result = next(r for r in data.results if (r.run_id, r.gpu) == (PASS, GPU))
+    got = lines.of("hard", PROBLEM, result)
+    assert got is not None
+    assert got.value == pytest.approx(geomean(min(s.eager_ms, s.compile_ms) / s.median_ms for s in result.shapes))
+    assert "library" not in {row.fastest.kind for row, _ in got.shapes}
+    assert [s.fastest.kind for s in lines.problem("hard", PROBLEM, GPU)][-1] == "library"
 
 
 def test_where_compile_is_fastest_nothing_is_marked(built_site: Path, site_inputs: SiteInputs) -> None:
