@@ -20,7 +20,7 @@ KB_HARD_OVERLAY_KEYS = ("cpu_shapes", "numeric_stress", "shape_globals")
 #: kernelboard keys it may not: they would be silently meaningless there.
 KB_HARD_REFUSED_KEYS = ("bench", "seeds", "structural_stress", "solution_class", "weight_transfer",
                         "forbidden_ops", "forbidden_kernels", "require_own_kernel", "draw_on_device",
-                        "skip_baselines")
+                        "skip_baselines", "headline_baseline")
 
 # ------------------------------------------------------------------------------ KernelBench-Hard
 

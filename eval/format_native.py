@@ -141,6 +141,7 @@ def load_native_problem(folder: Path) -> Problem:
         draw_on_device=f.get("draw_on_device", bool, False),
         library=_library(f.get("library", dict, {}), f"{path}: library"),
         skip_baselines=_skip_baselines(f.get("skip_baselines", list, []), f"{path}: skip_baselines"),
+        headline_baseline=_headline_baseline(f.get("headline_baseline", str, None), data, path),
         solution_class=f.get("solution_class", str, "Model"),
         weight_transfer=_choice(f, "weight_transfer", ("state_dict", "seed"), "state_dict"),
         output_rule=_choice(f, "output_rule", OUTPUT_RULES, "allclose"),
@@ -169,6 +170,16 @@ def _stateful(data: Any, where: str) -> Stateful | None:
     if margin is not None and margin < 0:
         raise DeckError(f"{where}: key 'router_margin_ulps': expected 0 or more, got {margin}")
     return Stateful(entry, steps, None if cos is None else float(cos), None if margin is None else float(margin))
+
+
+def _headline_baseline(name: str | None, data: dict[str, Any], path: Path) -> str | None:
+    """A deck's own headline baseline: a library line it declares (`library:<name>`), or eager."""
+    if name is None:
+        return None
+    lines = {"eager", *(f"library:{k}" for k in (data.get("library") or {}))}
+    if name not in lines:
+        raise DeckError(f"{path}: key 'headline_baseline': expected one of {', '.join(sorted(lines))}, got {name!r}")
+    return name
 
 
 def _skip_baselines(items: list[Any], where: str) -> tuple[str, ...]:

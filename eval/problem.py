@@ -142,6 +142,10 @@ class Problem:
     #: (02: max-autotune's autotuning ran past 100 s on its first shape); the headline is then the
     #: compile variant that remains, so a plain `make eval` grades as the committed rows were.
     skip_baselines: tuple[str, ...] = ()
+    #: The line a deck names as its own headline baseline (Mega: `library:tuned`, its tuned PyTorch step
+    #: `baseline.py`): every pass also gets a speedup over it (scoring: speedup_vs_baseline), which the
+    #: site's boards of that deck rank on. None: the headline is torch.compile (Hard).
+    headline_baseline: str | None = None
     solution_class: str = "Model"  # ScalingIntelligence KernelBench candidates define ModelNew
     weight_transfer: str = "state_dict"  # or "seed": both models built after the same manual_seed
     output_rule: str = "allclose"  # or "topk": (values, indices), any valid tie-break (correctness.py)

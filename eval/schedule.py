@@ -250,6 +250,8 @@ def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem:
         if row["status"] == "pass":
             variants = {v for idx in baselines if (b := best_compile(baselines[idx])) for v in [b[0]]}
             row["compile_variant"] = ",".join(sorted(variants))
+            if row.get("speedup_vs_baseline") is not None:
+                row["baseline_variant"] = problem.headline_baseline
     upsert_together(opts.out, gpu, sub.run_id, [
         ("shapes", shapes, {"run_id": sub.run_id, "gpu": gpu}),
         ("runs", [sub.run_row(problem.bench)], None),

@@ -131,6 +131,10 @@ RESULTS = _schema(
     _f("peak_fraction", pa.float64()),
     _f("peak_fraction_measured", pa.float64()),
     _f("compile_variant", pa.string()),
+    # A deck's own headline baseline (Mega's baseline.py; problem.yaml `headline_baseline`): which line
+    # it is and the pass's geomean speedup over it; null where the deck names none (Hard).
+    _f("speedup_vs_baseline", pa.float64()),
+    _f("baseline_variant", pa.string()),
     _f("n_shapes", pa.int32(), False),
     _f("timer", pa.string(), False),
     _f("device_name", pa.string(), False),
@@ -184,6 +188,8 @@ SHAPES = _schema(
     # since grader 0.4.0) or "synchronised" (the GPU idle before each call); null before 0.4.0 and
     # off the GPU.
     _f("timing_method", pa.string()),
+    _f("baseline_ms", pa.float64()),  # the deck's headline baseline line on this shape (results.baseline_variant)
+    _f("speedup_vs_baseline", pa.float64()),
 )
 
 BASELINES = _schema(
@@ -224,8 +230,10 @@ HARDWARE = _schema(
 
 #: Nullable columns added to schema version 1 after files were written: a file without one reads as
 #: all nulls (the column's meaning for rows written before it existed).
-ADDED_COLUMNS: dict[str, tuple[str, ...]] = {"results": ("off_board", "sandbox"),
-                                             "shapes": ("launches", "top_kernel_share", "timing_method"),
+ADDED_COLUMNS: dict[str, tuple[str, ...]] = {"results": ("off_board", "sandbox", "speedup_vs_baseline",
+                                                         "baseline_variant"),
+                                             "shapes": ("launches", "top_kernel_share", "timing_method",
+                                                        "baseline_ms", "speedup_vs_baseline"),
                                              "baselines": ("timing_method",)}
 
 #: Table name -> (schema, key columns). A key identifies a row; rewriting a key replaces the row.

@@ -48,6 +48,8 @@ def shape_rows(problem: Problem, spec: GpuSpec | None, run_id: str, gpu: str,
         eager = base.get("eager")
         eager_ms = eager["median_ms"] if eager and eager.get("status") == "ok" else None
         comp = best_compile(base)
+        own = base.get(problem.headline_baseline) if problem.headline_baseline else None
+        own_ms = own["median_ms"] if own and own.get("status") == "ok" and own.get("median_ms") else None
         row: dict[str, Any] = {
             "run_id": run_id, "gpu": gpu, "shape_idx": shape.idx, "shape_label": shape.label,
             "shape_json": shape.params_json,
@@ -59,6 +61,7 @@ def shape_rows(problem: Problem, spec: GpuSpec | None, run_id: str, gpu: str,
             "host_ms": ws.get("host_ms"), "graph_ms": ws.get("graph_ms"), "kernels": ws.get("kernels"),
             "launches": ws.get("launches"), "top_kernel_share": ws.get("top_kernel_share"),
             "timing_method": ws.get("timing_method"),
+            "baseline_ms": own_ms, "speedup_vs_baseline": speedup(own_ms, ms) if own_ms else None,
             "note": ws.get("graph_note"),
             "bound": problem.regime,
         }
@@ -88,7 +91,8 @@ def result_row(*, run_id: str, gpu: str, status: str, message: str, shapes: list
         "run_id": run_id, "gpu": gpu, "status": status, "message": message,
         "speedup_vs_compile": None, "speedup_vs_eager": None, "peak_fraction": None,
         "peak_fraction_measured": None,
-        "compile_variant": None, "n_shapes": len(shapes), "timer": timer,
+        "compile_variant": None, "speedup_vs_baseline": None, "baseline_variant": None,
+        "n_shapes": len(shapes), "timer": timer,
         "device_name": env.get("device_name") or "unknown", "driver_version": driver_version,
         "cuda_version": env.get("cuda_version"), "torch_version": env.get("torch_version"),
         "triton_version": env.get("triton_version"), "python_version": env.get("python_version"),
@@ -103,6 +107,8 @@ def result_row(*, run_id: str, gpu: str, status: str, message: str, shapes: list
         row.update(status="not_graded", message=f"correct, but baselines are missing for shapes {missing}")
         return row
     row["speedup_vs_compile"] = geomean(s["speedup_vs_compile"] for s in shapes)
+    if all(s.get("speedup_vs_baseline") is not None for s in shapes):
+        row["speedup_vs_baseline"] = geomean(s["speedup_vs_baseline"] for s in shapes)
     row["speedup_vs_eager"] = geomean(s["speedup_vs_eager"] for s in shapes)
     for column, source in (("peak_fraction", "peak_fraction"), ("peak_fraction_measured", "measured_fraction")):
         if all(s[source] is not None for s in shapes):

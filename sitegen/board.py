@@ -42,6 +42,7 @@ class Metric:
     key: str  # "speedup" or "peak_fraction": the CSS class and the templates' switch
     name: str  # in words, as the pages print it
     field: str  # the Result attribute it reads
+    imported: bool = False  # the metric of boards another grader measured (an importer read them)
 
     def of(self, result: Result) -> float | None:
         """The result's value of this metric (None when it has none, e.g. an imported pass without
@@ -53,14 +54,28 @@ class Metric:
 #: Boards kernelboard measured rank on the speedup over torch.compile.
 SPEEDUP = Metric("speedup", "speedup over torch.compile", "speedup_vs_compile")
 #: Boards imported from KernelBench-Hard rank on the fraction of the roofline, as kernelbench.com does.
-PEAK_FRACTION = Metric("peak_fraction", "% of roofline", "peak_fraction")
+PEAK_FRACTION = Metric("peak_fraction", "% of roofline", "peak_fraction", imported=True)
+#: Boards of a deck that names its own headline baseline (Mega: its tuned PyTorch step, baseline.py) rank
+#: on the speedup over it, as KernelBench-Mega does; the imported ones on the source's own figure.
+DECK_BASELINE = Metric("speedup", "speedup over the deck's own baseline (baseline.py)", "speedup_vs_baseline")
+DECK_BASELINE_IMPORTED = Metric("speedup", "speedup over the deck's own baseline (baseline.py)",
+                                "speedup_vs_baseline", imported=True)
+
+
+def result_metric(result: Result) -> Metric:
+    """How one result is shown alone (its run page): as its board would rank it."""
+    return board_metric([result])
 
 
 def board_metric(results: Iterable[Result]) -> Metric:
-    """PEAK_FRACTION when every result of a board is imported (`Result.is_imported`), else SPEEDUP: a board
-    is ranked the way the grader that measured it ranks it."""
+    """A board is ranked the way the grader that measured it ranks it: on the deck's own baseline where
+    its results name one (Mega), else on the fraction of the roofline when every result of a board is
+    imported (`Result.is_imported`; KernelBench-Hard), else on the speedup over torch.compile."""
     results = list(results)
-    return PEAK_FRACTION if results and all(r.is_imported for r in results) else SPEEDUP
+    imported = bool(results) and all(r.is_imported for r in results)
+    if any(r.baseline_variant is not None for r in results):
+        return DECK_BASELINE_IMPORTED if imported else DECK_BASELINE
+    return PEAK_FRACTION if imported else SPEEDUP
 
 
 #: The ordering rule, as the pages print it. `rank_rows` implements exactly this.
@@ -182,9 +197,10 @@ def reason_for(run: Run, result: Result) -> str:
 
 
 def no_speedup_reason(result: Result) -> str | None:
-    """Why a pass carries no speedup over torch.compile, in words (the importer's message), or None
-    when it has one or is not a pass. Only an imported pass can lack it (eval.tables' contract)."""
-    if not result.is_pass or result.speedup_vs_compile is not None:
+    """Why a pass carries no speedup — over torch.compile, or over its deck's own baseline (Mega) —
+    in words (the importer's message), or None when it has one or is not a pass. Only an imported
+    pass can lack both (eval.tables' contract)."""
+    if not result.is_pass or result.speedup_vs_compile is not None or result.speedup_vs_baseline is not None:
         return None
     return result.message or "its grader published no baselines to derive a speedup from"
 
@@ -319,7 +335,7 @@ class Board:
     @property
     def is_imported(self) -> bool:
         """Every result on it was measured by another grader and imported (ranked on its metric)."""
-        return self.metric is PEAK_FRACTION
+        return self.metric.imported
 
 
 def gpu_label(data: SiteData, gpu: str) -> str:
@@ -387,7 +403,7 @@ def _board(data: SiteData, gpu: str, bench: str, results: list[Result], metric: 
     problems = tuple(data.problems[(bench, n)] for n in names)
     notes = data.annotations
     # An imported board has a result for every run of its folder; other folders' runs are not its to grade.
-    pending = {} if metric is PEAK_FRACTION else regrades(data, gpu, bench, names)
+    pending = {} if metric.imported else regrades(data, gpu, bench, names)
     picked: dict[tuple[str, str], tuple[Run, Result]] = {}
 
     def rank(run: Run, result: Result) -> tuple:

@@ -134,6 +134,8 @@ class ShapeResult:
     launches: int | None = None  # kernel launches per profiled call (eval/launches.py)
     top_kernel_share: float | None = None  # the largest launch's share of their time
     timing_method: str | None = None  # "covered" or "synchronised" (eval/timing.py); None before 0.4.0
+    baseline_ms: float | None = None  # the deck's own headline baseline on this shape (Result.baseline_variant)
+    speedup_vs_baseline: float | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,8 @@ class Result:
     log_path: str | None
     off_board: str | None = None  # why it takes no board cell (an imported grader's curation)
     sandbox: str | None = None  # what confined the candidate while it was graded (eval/jail.py)
+    speedup_vs_baseline: float | None = None  # over the deck's own headline baseline (Mega's baseline.py)
+    baseline_variant: str | None = None  # which line that is ('library:tuned'; 'kbm:baseline.py' imported)
     shapes: tuple[ShapeResult, ...] = ()
 
     @property

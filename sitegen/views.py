@@ -24,8 +24,6 @@ from . import charts
 from .board import (
     ORDERING_RULE,
     OUTCOME_LABELS,
-    PEAK_FRACTION,
-    SPEEDUP,
     STATUS_HELP,
     STATUS_LABELS,
     STATUS_TONES,
@@ -39,6 +37,7 @@ from .board import (
     off_board_label,
     problem_entries,
     reason_for,
+    result_metric,
     status_label,
 )
 from .fastest import FastestLines, ShapeLines, summary
@@ -135,7 +134,7 @@ class MeasuredBy:
 
     @classmethod
     def of_results(cls, results: list[Result], metric: Metric) -> MeasuredBy:
-        return cls(metric is PEAK_FRACTION, tuple(sorted({r.measured_by for r in results})), metric)
+        return cls(metric.imported, tuple(sorted({r.measured_by for r in results})), metric)
 
 
 def peak_text(problem: Problem, hardware: Hardware | None) -> str:
@@ -412,7 +411,7 @@ def run(data: SiteData, result: Result, lines: FastestLines | None = None) -> di
     prob = data.problems[(the_run.bench, the_run.problem)]
     source = data.solutions.get(result.run_id)
     # An imported run is shown the way its grader ranks it, by its fraction of the roofline.
-    metric = PEAK_FRACTION if result.is_imported else SPEEDUP
+    metric = result_metric(result)
     return {
         "title": f"{prob.display_name} · {the_run.model_display}",
         "run": the_run,

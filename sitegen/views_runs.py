@@ -59,6 +59,8 @@ class RunLine:
 def _headline(result: Result) -> str | None:
     if not result.is_pass:
         return None
+    if result.speedup_vs_baseline is not None:
+        return f"{speedup(result.speedup_vs_baseline)} vs baseline"
     if result.speedup_vs_compile is not None:
         return speedup(result.speedup_vs_compile)
     return f"{pct(result.peak_fraction)} of roofline" if result.peak_fraction is not None else None

@@ -79,6 +79,36 @@ def test_deck_loads(problem: Problem) -> None:
     assert set(load_deck(FOLDER.parent)) == {"02_kimi_linear_decode"}
 
 
+def test_the_headline_is_the_decks_own_baseline(problem: Problem, tmp_path: Path) -> None:
+    """Mega's headline divides by baseline.py (measured as the line library:tuned), not by
+    torch.compile: each shape row gets its speedup over that line and the result their geomean."""
+    import datetime as dt
+
+    from kernelboard.eval.deck import DeckError
+    from kernelboard.eval.scoring import result_row, shape_rows
+
+    assert problem.headline_baseline == "library:tuned"
+    ok = {"status": "ok"}
+    baselines = {s.idx: {"eager": {**ok, "median_ms": 8.0}, "compile:default": {**ok, "median_ms": 6.0},
+                         "library:tuned": {**ok, "median_ms": 3.0 * (s.idx + 1)}} for s in problem.cpu_shapes}
+    timed = [{"idx": s.idx, "median_ms": 1.5, "p10_ms": 1.4, "p90_ms": 1.6, "min_ms": 1.3, "iterations": 10}
+             for s in problem.cpu_shapes]
+    shapes = shape_rows(problem, None, "r", "cpu", timed, baselines)
+    assert [(s["baseline_ms"], s["speedup_vs_baseline"]) for s in shapes] == [(3.0, 2.0), (6.0, 4.0)]
+    row = result_row(run_id="r", gpu="cpu", status="pass", message="ok", shapes=shapes, env={}, timer="cpu_wall",
+                     seeds=None, grader_version="0", grade_seconds=None, log_path=None, driver_version=None,
+                     graded_at=dt.datetime.now(dt.UTC))
+    assert row["speedup_vs_baseline"] == pytest.approx(8 ** 0.5) and row["speedup_vs_compile"] == pytest.approx(4.0)
+    spec = yaml.safe_load((FOLDER / "problem.yaml").read_text())
+    (tmp_path / FOLDER.name).mkdir()
+    for name in ("reference.py", "baseline.py"):
+        (tmp_path / FOLDER.name / name).write_text((FOLDER / name).read_text())
+    bad = {**spec, "headline_baseline": "compile:default"}
+    (tmp_path / FOLDER.name / "problem.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(DeckError, match="key 'headline_baseline': expected one of eager, library:tuned, got"):
+        load_problem(tmp_path / FOLDER.name)
+
+
 def test_formulas_at_the_real_shapes(problem: Problem) -> None:
     """The per-step bytes and FLOPs quoted in problem.yaml's comment."""
     assert [problem.bytes_moved(s) for s in problem.shapes] == [243_382_912, 250_460_800, 259_897_984]

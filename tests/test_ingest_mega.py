@@ -91,6 +91,10 @@ def test_rows_land_per_gpu_and_keep_the_contract(imported) -> None:
     shapes = [s for s in tables["shapes"].to_pylist() if s["run_id"] == PASS]
     assert [s["shape_label"] for s in shapes] == ["context 2048", "context 8192", "context 16384"]
     assert '"context_len": 8192' in shapes[1]["shape_json"] and "24.28×" in shapes[1]["note"]
+    # the source's score is a speedup over its own baseline.py: our column for a deck's own baseline
+    assert (ok["speedup_vs_baseline"], ok["baseline_variant"]) == (24.609, "kbm:baseline.py")
+    assert [s["speedup_vs_baseline"] for s in shapes] == [24.94, 24.28, 24.61]
+    assert results[WRONG]["speedup_vs_baseline"] is None
     runs = {r["run_id"]: r for r in tables["runs"].to_pylist()}
     assert runs[PASS]["bench"] == "mega" and runs[PASS]["model"] == "claude-fable-5"
     assert runs[PASS]["lab"] == "Anthropic" and runs[PASS]["agent_seconds"] == 10275
@@ -160,3 +164,21 @@ def test_cli_refuses_a_folder_without_results(tmp_path: Path) -> None:
     result = CliRunner().invoke(import_group, ["mega", str(tmp_path), "--data", str(tmp_path / "d")])
     assert result.exit_code == 1 and "no public/data/mega/results.csv" in result.output
     assert "Traceback" not in result.output
+
+
+def test_an_imported_mega_board_ranks_on_the_sources_baseline_speedup(imported) -> None:
+    """The Mega board of a GPU ranks on the speedup over the deck's own baseline (as the source does),
+    is labelled imported, and no pass on it reads 'no speedup'."""
+    from kernelboard.sitegen.board import DECK_BASELINE_IMPORTED, build_boards, no_speedup_reason
+    from kernelboard.sitegen.load import load_site
+
+    data, _ = imported
+    site = load_site(data, DECKS)
+    boards = {b.gpu: b for b in build_boards(site) if b.bench == "mega"}
+    assert set(boards) == {"b200", "h100-pcie", "rtx-pro-6000"}
+    rtx = boards["rtx-pro-6000"]
+    assert rtx.metric is DECK_BASELINE_IMPORTED and rtx.is_imported
+    cells = [c for row in rtx.rows for c in row.cells if c is not None]
+    assert [(c.run.run_id, c.value) for c in cells] == [(PASS, 24.609)]
+    assert no_speedup_reason(cells[0].result) is None
+    assert boards["b200"].rows[0].cells[0].value == 35.435
