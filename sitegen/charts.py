@@ -183,10 +183,10 @@ def _vline(x: float, dash: str, text: str, anchor: str) -> tuple[dict[str, Any],
     return shape, note
 
 
-def _one_x_line(lo: float, hi: float) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The 1× line (torch.compile) of a log speedup axis over lo … hi decades, named: its label runs
-    to the side with more room."""
-    shape, note = _vline(1.0, "dash", "torch.compile (1×)", "left" if hi >= -lo else "right")
+def _one_x_line(lo: float, hi: float, over: str = "torch.compile") -> tuple[dict[str, Any], dict[str, Any]]:
+    """The 1× line (`over`: torch.compile, or a deck's own baseline) of a log speedup axis over lo … hi
+    decades, named: its label runs to the side with more room."""
+    shape, note = _vline(1.0, "dash", f"{over} (1×)", "left" if hi >= -lo else "right")
     return shape, {**note, "x": 0.0}  # log10(1): annotations on a log axis are placed in decades
 
 
@@ -245,8 +245,9 @@ def _series_markers(series: Sequence[tuple[str, bool]]) -> list[dict[str, Any]]:
 
 
 def speedup_spec(labels: Sequence[str], speedups: Sequence[float], is_house: Sequence[bool], gpu_label: str,
-                 failures: Sequence[tuple[str, str, str]] = ()) -> dict[str, Any]:
-    """Bars of geomean speedup over torch.compile per submission on a log axis, fastest on top, from a
+                 failures: Sequence[tuple[str, str, str]] = (), over: str = "torch.compile") -> dict[str, Any]:
+    """Bars of geomean speedup over `over` (torch.compile, or a deck's own baseline such as Mega's
+    baseline.py) per submission on a log axis, fastest on top, from a
     named line at 1×; each failed or DNF submission `(label, kind, reason)` is a row below them with a
     mark on the 1× line and its status, never a bar. The hover gives the speedup to three decimals."""
     bars = sorted(zip(labels, speedups, is_house, strict=True), key=lambda b: (-b[1], b[0]))
@@ -256,7 +257,7 @@ def speedup_spec(labels: Sequence[str], speedups: Sequence[float], is_house: Seq
     data = [{"type": "bar", "orientation": "h", "y": names, "x": [v - 1.0 for v in values], "base": 1.0,
              "marker": _bar_marker(names, [b[2] for b in bars]), "text": [f"{v:.2f}×" for v in values],
              "textposition": "outside", "cliponaxis": False, "customdata": values,
-             "hovertemplate": "%{y}<br>%{customdata:.3f}× torch.compile<extra></extra>"}]
+             "hovertemplate": f"%{{y}}<br>%{{customdata:.3f}}× {_escape_template(over)}<extra></extra>"}]
     if failures:
         data.append({"type": "scatter", "y": [f[0] for f in failures], "x": [1.0] * len(failures),
                      "mode": "markers+text", "marker": {"symbol": "x-thin-open", "size": 11, "color": COLORS["muted"],
@@ -266,8 +267,8 @@ def speedup_spec(labels: Sequence[str], speedups: Sequence[float], is_house: Seq
                      "hovertemplate": "%{y}: %{text}<br>%{customdata}<extra></extra>", "showlegend": False})
     rows = list(dict.fromkeys([*names, *(f[0] for f in failures)]))
     lo, hi = _log_range(values, right=4.0 if failures else 2.0)  # room for the failures' status beside 1×
-    shape, note = _one_x_line(lo, hi)
-    layout = _layout("Speedup over torch.compile", f"{gpu_label} · log scale", _height(len(rows)),
+    shape, note = _one_x_line(lo, hi, over)
+    layout = _layout(f"Speedup over {over}", f"{gpu_label} · log scale", _height(len(rows)),
                      _log_axis(lo, hi), _rows_axis(rows))
     return _figure(data, {**layout, "shapes": [shape], "annotations": [note]})
 
@@ -343,8 +344,8 @@ def _legend_room(layout: dict[str, Any], entries: int, per_line: int) -> dict[st
 
 
 def shape_spec(shape_labels: Sequence[str], series: Sequence[tuple[str, bool, Sequence[float | None]]],
-               gpu_label: str) -> dict[str, Any] | None:
-    """Speedup over torch.compile per shape (a row each) and submission (one bar per row, a colour and
+               gpu_label: str, over: str = "torch.compile") -> dict[str, Any] | None:
+    """Speedup over `over` (as in `speedup_spec`) per shape (a row each) and submission (one bar per row, a colour and
     legend entry each), log axis: shows where a kernel wins and where it loses, which a geomean hides.
     A missing shape draws no bar; no speedup for any shape (boards imported without baselines) draws
     no chart: None."""
@@ -357,10 +358,10 @@ def shape_spec(shape_labels: Sequence[str], series: Sequence[tuple[str, bool, Se
         data.append({"type": "bar", "orientation": "h", "y": list(shape_labels),
                      "x": [(v - 1.0) if v is not None else None for v in ys], "base": 1.0, "name": _short(name),
                      "marker": marker, "customdata": list(ys),
-                     "hovertemplate": f"{_escape_template(name)}<br>%{{y}}: %{{customdata:.3f}}× torch.compile"
-                                      "<extra></extra>"})
+                     "hovertemplate": f"{_escape_template(name)}<br>%{{y}}: %{{customdata:.3f}}× "
+                                      f"{_escape_template(over)}<extra></extra>"})
     lo, hi = _log_range(values)
-    shape, note = _one_x_line(lo, hi)
+    shape, note = _one_x_line(lo, hi, over)
     rows_px = len(shape_labels) * (len(series) * _SHAPE_BAR_PX + 16)
     layout = _layout("Speedup per shape", f"{gpu_label} · log scale", _TOP_PX + _BOTTOM_PX + rows_px,
                      _log_axis(lo, hi), _rows_axis(shape_labels))

@@ -182,3 +182,19 @@ def test_an_imported_mega_board_ranks_on_the_sources_baseline_speedup(imported) 
     assert [(c.run.run_id, c.value) for c in cells] == [(PASS, 24.609)]
     assert no_speedup_reason(cells[0].result) is None
     assert boards["b200"].rows[0].cells[0].value == 35.435
+
+
+def test_the_mega_problem_page_charts_the_speedup_over_the_decks_baseline(imported) -> None:
+    """Its bars and per-shape bars are the speedups over baseline.py (the source's score and its
+    per-context figures), from a 1× line named after that baseline, not torch.compile."""
+    from kernelboard.sitegen.load import load_site
+    from kernelboard.sitegen.views import problem
+
+    data, _ = imported
+    page = problem(load_site(data, DECKS), "mega", P)
+    rtx = next(g for g in page["gpus"] if g["gpu"] == "rtx-pro-6000")
+    assert (rtx["speed_field"], rtx["speed_over"]) == ("speedup_vs_baseline", "baseline.py")
+    assert [e.run.run_id for e in rtx["fast"]] == [PASS]
+    chart = str(rtx["speedup_chart"])
+    assert "Speedup over baseline.py" in chart and "baseline.py (1\\u00d7)" in chart and "torch.compile" not in chart
+    assert '"customdata": [24.94, 24.28, 24.61]' in str(rtx["shape_chart"])
