@@ -50,7 +50,8 @@ def test_the_run_page_shows_launches_per_call_beside_the_kernels() -> None:
     from kernelboard.sitegen.render import _render, _site, make_env
 
     data = load_site(DATA.parent, DATA.parents[1] / "eval" / "decks")
-    result = next(r for r in data.results if r.shapes and r.shapes[0].kernels and r.gpu == "h200")
+    result = next(r for r in data.results if r.shapes and r.shapes[0].kernels and r.gpu == "h200"
+                  and all(s.launches is None for s in r.shapes))  # graded before 0.3.6: no count yet
     counted = dataclasses.replace(result, shapes=(
         dataclasses.replace(result.shapes[0], launches=3, top_kernel_share=0.82), *result.shapes[1:]))
     data = dataclasses.replace(data, results=[counted if r is result else r for r in data.results])
