@@ -92,9 +92,13 @@ def _os_errors_are_one_line(command: Callable[..., Any]) -> Callable[..., Any]:
                    "results merged into --out.")
 @click.option("--baselines-only", is_flag=True,
               help="Measure the baselines of the selected runs' problems (those not cached yet) and grade nothing.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Grade on a Ray cluster (the 'ray' extra): each run a task on one GPU of each model the nodes "
+                   "advertise as a gpu_<key> resource, baselines measured once per model first, results merged "
+                   "into --out as they arrive. Without ADDRESS: a local instance of this host's GPUs.")
 @click.pass_context
 @_os_errors_are_one_line
-def eval(ctx: click.Context, gpus: str | None, **options: object) -> None:
+def eval(ctx: click.Context, gpus: str | None, ray_address: str | None, **options: object) -> None:
     """Grade submissions against the deck's references: correctness first, then timing."""
     if ctx.invoked_subcommand is not None:
         return  # `eval merge` and `eval calibrate` need neither a deck nor submissions
@@ -103,6 +107,13 @@ def eval(ctx: click.Context, gpus: str | None, **options: object) -> None:
             raise click.BadParameter(f"Directory '{options[name]}' does not exist.", param_hint=f"'--{name}'")
     from kernelboard.eval.schedule import EvalOptions, run_eval
 
+    if ray_address is not None:
+        if gpus is not None:
+            raise click.UsageError("--ray and --gpus: choose one (the cluster's nodes advertise their GPUs)")
+        from kernelboard.eval.cluster import run_ray
+
+        run_ray(EvalOptions(**options), None if ray_address == "local" else ray_address)  # type: ignore[arg-type]
+        return
     if gpus is not None:
         from kernelboard.eval.parallel import run_parallel
 
