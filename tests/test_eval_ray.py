@@ -43,7 +43,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> str:
         port = s.getsockname()[1]
     started = subprocess.run([str(RAY), "start", "--head", f"--port={port}", "--num-cpus=2", "--num-gpus=0",
                               "--resources", json.dumps({resource("cpu"): 2}), "--include-dashboard=false",
-                              "--disable-usage-stats"], capture_output=True, text=True, timeout=180, env=ENV)
+                              "--disable-usage-stats", "--object-store-memory=100000000"],
+                             capture_output=True, text=True, timeout=180, env=ENV)
     assert started.returncode == 0, started.stderr[-2000:]
     yield f"127.0.0.1:{port}"
     subprocess.run([str(RAY), "stop", "--force"], capture_output=True, timeout=120, env=ENV)
