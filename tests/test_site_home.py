@@ -194,7 +194,8 @@ def test_the_committed_six_problem_board_fits_a_laptop_screen(browser: Browser, 
         page.goto(url + "/")
         boards = page.locator(".leaderboard").evaluate_all(
             "ts => ts.map(t => [t.querySelectorAll('thead th.problem').length, t.scrollWidth,"
-            " t.closest('.table-wrap').clientWidth])")
+            " t.closest('.table-wrap').clientWidth, t.caption ? t.caption.textContent.trim() : ''])")
     page.close()
-    assert boards and all(n == 6 for n, _, _ in boards), boards
-    assert all(width <= wrap for _, width, wrap in boards), boards
+    hard = [b for b in boards if b[3].startswith("Hard deck")]  # the Mega boards have their one problem
+    assert hard and all(n == 6 for n, _, _, _ in hard), boards
+    assert all(width <= wrap for _, width, wrap, _ in boards), boards
