@@ -100,8 +100,8 @@ by both methods in three fresh processes, twelve busy-looping processes on the h
 H200, three runs on 2026-12-01). Synchronised, the per-shape medians spread 4–33% between processes
 on every shape but one, and the headline (eager fixed, as cached baselines are) 7.7–10.1%: a
 sample held the host's dispatch, which moves with its load. Covered, the three shapes whose GPU span
-(33–100 µs) clearly exceeds their dispatch spread 0.1–0.7% in all three runs; the two shapes of 15–20
-µs, whose dispatch (10–25 µs) nears their span, still moved in one process of each run (24–54%: a
+(33–100 µs) clearly exceeds their dispatch spread 0.1–0.7% in all three runs; of the two shapes of
+15–20 µs, whose dispatch (10–25 µs) nears their span, one or both moved in one process of each run (24–54%: a
 process whose host dispatched slower, or an uncalibrated sleep in the first run), and the headline
 spread 4.5–9.1%. So a figure of a kernel whose dispatch is near its GPU time is a figure of its
 host, and moves with it; issue 14's targets (≤ 3% a shape of ≥ 20 µs, ≤ 2% headline) are met by
