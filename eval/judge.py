@@ -56,7 +56,7 @@ from .correctness import (
 from .deck import Problem, StressCase, load_problem
 from .failure import Failure, one_line
 from .job import Job
-from .link import Received, Reply, RunnerLink
+from .link import Received, Reply, RunnerLink, part_label
 from .phases import Phases
 from .plan import ROUTER_NEAR_TIE, ShapePlan, build_model, import_file, install_shapes_module, make_plan
 from .probe import probe_environment
@@ -129,7 +129,7 @@ def judge_values(problem: Problem, ref: Output, outs: tuple[torch.Tensor, ...], 
         return Verdict(False, f"{len(outs)} outputs, expected {len(parts)}")
 
     def part(i: int) -> str:
-        return f"output {i} ({names[i]})" if names is not None and i < len(names) else f"output {i}"
+        return part_label(i, names)
 
     for i, (r, o) in enumerate(zip(parts, outs, strict=True)):
         why = check_type(r, o)

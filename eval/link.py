@@ -59,6 +59,12 @@ class Received:
     problem: str | None
 
 
+def part_label(i: int, names: list[str] | None) -> str:
+    """How messages name part i of a tuple output: 'output 13 (state[3].c_kv)' where the part has a
+    name (a stateful step's), else 'output 13'."""
+    return f"output {i} ({names[i]})" if names is not None and i < len(names) else f"output {i}"
+
+
 class Reply:
     """A runner's answer to one request: its header fields, checked as they are read."""
 
@@ -266,8 +272,7 @@ class RunnerLink:
         received = [self._read_output(reply, part, r) for part, r in zip(parts, ref, strict=True)]
         for i, part in enumerate(received):
             if part.tensor is None:
-                name = f" ({names[i]})" if names is not None and i < len(names) else ""
-                return Received(None, part.device, f"output {i}{name}: {part.problem}")
+                return Received(None, part.device, f"{part_label(i, names)}: {part.problem}")
         devices = {part.device for part in received}
         if len(devices) > 1:
             return Received(None, "", f"the outputs are on different devices: {', '.join(sorted(devices))}")

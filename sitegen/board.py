@@ -43,6 +43,7 @@ class Metric:
     name: str  # in words, as the pages print it
     field: str  # the Result attribute it reads
     imported: bool = False  # the metric of boards another grader measured (an importer read them)
+    over: str = "torch.compile"  # what a speedup metric divides by, as charts name their 1× line
 
     def of(self, result: Result) -> float | None:
         """The result's value of this metric (None when it has none, e.g. an imported pass without
@@ -57,9 +58,9 @@ SPEEDUP = Metric("speedup", "speedup over torch.compile", "speedup_vs_compile")
 PEAK_FRACTION = Metric("peak_fraction", "% of roofline", "peak_fraction", imported=True)
 #: Boards of a deck that names its own headline baseline (Mega: its tuned PyTorch step, baseline.py) rank
 #: on the speedup over it, as KernelBench-Mega does; the imported ones on the source's own figure.
-DECK_BASELINE = Metric("speedup", "speedup over the deck's own baseline (baseline.py)", "speedup_vs_baseline")
-DECK_BASELINE_IMPORTED = Metric("speedup", "speedup over the deck's own baseline (baseline.py)",
-                                "speedup_vs_baseline", imported=True)
+DECK_BASELINE = Metric("speedup", "speedup over the deck's own baseline (baseline.py)", "speedup_vs_baseline",
+                       over="baseline.py")
+DECK_BASELINE_IMPORTED = replace(DECK_BASELINE, imported=True)
 
 
 def result_metric(result: Result) -> Metric:

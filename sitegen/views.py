@@ -24,6 +24,7 @@ from . import charts
 from .board import (
     ORDERING_RULE,
     OUTCOME_LABELS,
+    SPEEDUP,
     STATUS_HELP,
     STATUS_LABELS,
     STATUS_TONES,
@@ -259,10 +260,6 @@ def _baseline_rows(data: SiteData, bench: str, name: str, gpu: str,
 SHAPE_CHART_PASSES = 10
 
 
-#: How the pages name a deck's own headline baseline (Mega's tuned PyTorch step).
-OVER_DECK_BASELINE = "baseline.py"
-
-
 def _shape_chart(gpu: str, gpu_label: str, passes: list[Any], field: str = "speedup_vs_compile",
                  over: str = "torch.compile") -> Markup | None:
     """The per-shape speedups (`field` of each shape row, over `over`) of the fastest passes on one GPU
@@ -302,8 +299,8 @@ def problem(data: SiteData, bench: str, name: str) -> dict[str, Any]:
         passes = [e for e in entries if e.result.is_pass]
         # The speedup the board ranks on: over the deck's own baseline (Mega), else over torch.compile. An
         # imported pass may carry none (its grader published no baselines): no speedup bar for it.
-        field, over = (("speedup_vs_baseline", OVER_DECK_BASELINE) if metric.field == "speedup_vs_baseline"
-                       else ("speedup_vs_compile", "torch.compile"))
+        speed = metric if metric.key == "speedup" else SPEEDUP  # a roofline board's bars: × torch.compile
+        field, over = speed.field, speed.over
         fast = [e for e in passes if getattr(e.result, field) is not None]
         fast.sort(key=lambda e: -getattr(e.result, field))
         # CPU timings have no datasheet peak to be a fraction of: no roofline chart for them.
