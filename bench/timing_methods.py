@@ -7,7 +7,9 @@ varies from process to process with the host's state: the house 03 kernel graded
 H200 spread 2.7–23.7% per shape and 10.5% on its headline. "covered" (the default, the grading
 method since 0.4.0) keeps the synchronise, then has the GPU sleep for three times the measured
 dispatch of one call before the start event: the launches are queued when the call starts, and a
-sample is the GPU's span for it, never below the loop's median dispatch.
+sample is the GPU's span for it, never below the loop's least dispatch (the median under 0.4.0).
+`--method covered` times one method only; the JSON keeps each process's dispatch quantiles (the
+solution's and the eager line's) and its count of calls that outlasted their cover.
 
 This bench times the submission's Model and the problem's eager reference with both methods in
 `--processes` fresh processes (each builds everything anew, as separate gradings do), the methods
@@ -34,6 +36,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +54,28 @@ def _busy() -> None:
         pass
 
 
-def child(submission: Path, device: str) -> dict[str, Any]:
+class DispatchLog:
+    """A model wrapped so that each call's host time (call to return) is logged: the timer's own
+    dispatch figure, kept per call, so the bench can print its spread within a loop (the timer
+    keeps only the median)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model, self.ms = model, []
+
+    def __call__(self, *args: Any) -> Any:
+        t = time.perf_counter()
+        out = self.model(*args)
+        self.ms.append((time.perf_counter() - t) * 1e3)
+        return out
+
+    def quantiles(self, last: int) -> dict[str, float]:
+        """min, p10, median and p90 of the last `last` calls (a timed loop's)."""
+        loop = self.ms[-last:]
+        deciles = statistics.quantiles(loop, n=10, method="inclusive")
+        return {"min": min(loop), "p10": deciles[0], "median": statistics.median(loop), "p90": deciles[-1]}
+
+
+def child(submission: Path, device: str, methods: tuple[str, ...]) -> dict[str, Any]:
     """One process's measurements: {shape label: {who: {method: {median, p10, min}}}}. On the CPU
     (a smoke test of this script: the CPU shapes, `time_cpu` for both methods) nothing is learnt."""
     import torch
@@ -81,18 +105,21 @@ def child(submission: Path, device: str) -> dict[str, Any]:
         sets = [draw_inputs(reference, 1000 + i + 7919 * shape.idx, device, problem.draw_on_device)
                 for i in range(SETS)]
         rows: dict[str, dict[str, Any]] = {"solution": {}, "eager": {}}
-        order = METHODS if k % 2 == 0 else METHODS[::-1]  # neither method always goes first
+        order = methods if k % 2 == 0 else methods[::-1]  # neither method always goes first
         with torch.no_grad():
             for method in order:
                 for who, model in (("solution", sol), ("eager", ref)):
                     if device == "cpu":
                         stats, _ = time_cpu(model, sets)
                     else:
-                        stats, _ = time_cuda(model, sets, l2_bytes=l2_bytes, cover_dispatch=method == "covered")
+                        logged = DispatchLog(model)
+                        stats, _ = time_cuda(logged, sets, l2_bytes=l2_bytes, cover_dispatch=method == "covered")
                     rows[who][method] = {"median": stats.median_ms, "p10": stats.p10_ms, "min": stats.min_ms,
                                          "timing_method": stats.method}
                     if stats.cover is not None:
-                        rows[who][method].update(span=stats.cover.gpu_ms, dispatch=stats.cover.dispatch_ms)
+                        rows[who][method].update(span=stats.cover.gpu_ms, dispatch=stats.cover.dispatch_ms,
+                                                 uncovered=stats.cover.uncovered,
+                                                 dispatch_quantiles=logged.quantiles(stats.iterations))
         out[shape.label] = rows
         del ref, sol, sets
         if device == "cuda":
@@ -115,11 +142,13 @@ def spread(values: list[float]) -> float:
               help="Also write the figures here.")
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
               help="cpu: a smoke test of this script (the CPU shapes, one CPU timer), not a measurement.")
+@click.option("--method", "methods", type=click.Choice(METHODS), multiple=True, default=METHODS, show_default=True,
+              help="The timing methods to compare (repeat the option for both).")
 @click.option("--child", "is_child", is_flag=True, hidden=True)
 def main(submission: Path, processes: int, cpu_load: int, json_path: Path | None, device: str,
-         is_child: bool) -> None:
+         methods: tuple[str, ...], is_child: bool) -> None:
     if is_child:
-        print(json.dumps(child(submission, device)))
+        print(json.dumps(child(submission, device, methods)))
         return
     load = [multiprocessing.Process(target=_busy, daemon=True) for _ in range(cpu_load)]
     for p in load:
@@ -129,7 +158,7 @@ def main(submission: Path, processes: int, cpu_load: int, json_path: Path | None
         for i in range(processes):
             click.echo(f"process {i + 1} of {processes}: timing {submission.name} and its eager reference …")
             done = subprocess.run([sys.executable, __file__, "--child", "--submission", str(submission),
-                                   "--device", device],
+                                   "--device", device, *(a for m in methods for a in ("--method", m))],
                                   capture_output=True, text=True, check=False,
                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
             if done.returncode != 0:
@@ -139,11 +168,12 @@ def main(submission: Path, processes: int, cpu_load: int, json_path: Path | None
         for p in load:
             p.terminate()
     figures: dict[str, Any] = {"submission": submission.name, "processes": processes, "cpu_load": cpu_load,
+                               "methods": list(methods),
                                "shapes": {}, "headline": {}}
     click.echo(f"{'shape':<28} {'method':<13} {'solution median ms (per process)':<40} {'spread':>7}  {'≥20µs'}")
     for label in runs[0]:
         figures["shapes"][label] = {}
-        for method in METHODS:
+        for method in methods:
             medians = [r[label]["solution"][method]["median"] for r in runs]
             sp = spread(medians)
             flag = "over 3%" if min(medians) >= 0.02 and sp > 0.03 else ""
@@ -152,13 +182,23 @@ def main(submission: Path, processes: int, cpu_load: int, json_path: Path | None
             click.echo(f"{label[:28]:<28} {method:<13} {', '.join(f'{m:.4f}' for m in medians):<40} "
                        f"{sp:>6.1%}  {flag}")
             solution = [r[label]["solution"][method] for r in runs]
+            eager = [r[label]["eager"][method] for r in runs]
+            if all("span" in x for x in eager):  # the baseline's own cover, kept for the record
+                figures["shapes"][label][method]["eager_cover"] = [
+                    {k: x[k] for k in ("span", "dispatch", "uncovered", "dispatch_quantiles")} for x in eager]
             if all("span" in x for x in solution):
                 figures["shapes"][label][method].update(span=[x["span"] for x in solution],
                                                         dispatch=[x["dispatch"] for x in solution])
                 spans = ", ".join(f"{x['span']:.4f}" for x in solution)
                 dispatches = ", ".join(f"{x['dispatch']:.4f}" for x in solution)
                 click.echo(f"{'':<42} GPU span {spans}; dispatch {dispatches}")
-    for method in METHODS:
+                quantiles = [x["dispatch_quantiles"] for x in solution]
+                figures["shapes"][label][method].update(uncovered=[x["uncovered"] for x in solution],
+                                                        dispatch_quantiles=quantiles)
+                click.echo(f"{'':<42} dispatch min/p10/median/p90: " + "; ".join(
+                    "/".join(f"{q[k]:.4f}" for k in ("min", "p10", "median", "p90")) for q in quantiles)
+                    + f"; uncovered calls {', '.join(str(x['uncovered']) for x in solution)}")
+    for method in methods:
         heads = [math.exp(statistics.fmean(math.log(r[s]["eager"][method]["median"]
                                                     / r[s]["solution"][method]["median"]) for s in r))
                  for r in runs]

@@ -362,8 +362,9 @@ def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sta
     stats, cover = _timed(link, problem, plan, k, state, cover=device == "cuda")
     if cover is not None:
         log("worker", f"{where}: covered loop: GPU span {cover['gpu_ms']:.4f} ms, dispatch {cover['dispatch_ms']:.4f} "
-                      f"ms, sleep {cover['sleep_ms']:.4f} ms (medians), {cover['uncovered']:.0f} of "
-                      f"{stats.iterations} calls outlasted their cover")
+                      f"ms, sleep {cover['sleep_ms']:.4f} ms (medians), least dispatch {cover['floor_ms']:.4f} ms "
+                      f"(the samples' floor), {cover['uncovered']:.0f} of {stats.iterations} calls outlasted "
+                      "their cover")
     elif device == "cuda":
         log("worker", f"{where}: timed with the GPU idle before each call: more than "
                       f"{COVER_UNCOVERED_SHARE:.0%} of the covered calls outlasted their cover")
@@ -375,8 +376,10 @@ def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sta
     synced = link.ask("host_sync", f"{where}: host-timed calls", shape=k)
     host_ms = statistics.median(synced.samples("host_ms"))
     residue_ms = statistics.median(synced.samples("residue_ms"))
-    log("worker", f"{where}: host-synchronised call {host_ms:.4f} ms, device busy {residue_ms:.4f} ms past its stream")
-    hidden = audit.cover_hid_work(host_ms, cover["gpu_ms"], cover["dispatch_ms"]) if cover is not None else None
+    idle_ms = statistics.median(synced.samples("idle_ms"))
+    log("worker", f"{where}: host-synchronised call {host_ms:.4f} ms (the synchronises alone {idle_ms:.4f} ms), "
+                  f"device busy {residue_ms:.4f} ms past its stream")
+    hidden = None if cover is None else audit.cover_hid_work(host_ms, cover["gpu_ms"], cover["dispatch_ms"], idle_ms)
     if hidden:
         log("worker", f"{where}: {hidden}; timed again with the GPU idle before each call")
         stats, cover = _timed(link, problem, plan, k, state, cover=False)

@@ -138,7 +138,7 @@ class FreshFeed(Feed):
         self.taken: list[list[torch.Tensor | None]] = []
 
     def start_timed(self) -> None:
-        """A timed loop begins (a covered loop that is run again uncovered begins twice): only the
+        """A timed loop begins (a covered loop that is run again begins more than once): only the
         last loop's probes go to the judge."""
         super().start_timed()
         self.taken = []
