@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from kernelboard.eval.schema import AGENT_OUTCOMES, STATUSES, UNSCORED_STATUSES
 
 from .fastest import FastestLines, VsFastest
-from .load import CPU_KEY, Annotation, Problem, Result, Run, SiteData
+from .load import CPU_KEY, DECK_BASELINE_LABEL, Annotation, Problem, Result, Run, SiteData
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,8 @@ SPEEDUP = Metric("speedup", "speedup over torch.compile", "speedup_vs_compile")
 PEAK_FRACTION = Metric("peak_fraction", "% of roofline", "peak_fraction", imported=True)
 #: Boards of a deck that names its own headline baseline (Mega: its tuned PyTorch step, baseline.py) rank
 #: on the speedup over it, as KernelBench-Mega does; the imported ones on the source's own figure.
-DECK_BASELINE = Metric("speedup", "speedup over the deck's own baseline (baseline.py)", "speedup_vs_baseline",
-                       over="baseline.py")
+DECK_BASELINE = Metric("speedup", f"speedup over the deck's own baseline ({DECK_BASELINE_LABEL})",
+                       "speedup_vs_baseline", over=DECK_BASELINE_LABEL)
 DECK_BASELINE_IMPORTED = replace(DECK_BASELINE, imported=True)
 
 

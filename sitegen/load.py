@@ -47,6 +47,7 @@ _GEOMEAN_RTOL = 1e-6
 
 __all__ = [
     "CPU_KEY",
+    "DECK_BASELINE_LABEL",
     "HOUSE_HARNESS",
     "HOUSE_MODEL",
     "IMPORTED_SUFFIX",
@@ -61,6 +62,10 @@ __all__ = [
     "SiteData",
     "load_site",
 ]
+
+
+#: How the pages name a deck's own headline baseline (Mega's tuned PyTorch step).
+DECK_BASELINE_LABEL = "baseline.py"
 
 
 @dataclass(frozen=True)
@@ -179,6 +184,17 @@ class Result:
     def is_imported(self) -> bool:
         """Measured by another grader and read by an importer, not measured by kernelboard."""
         return self.measured_by.endswith(IMPORTED_SUFFIX)
+
+    @property
+    def headline_speedup(self) -> float | None:
+        """The speedup its board ranks on: over the deck's own baseline where the result names one
+        (Mega's baseline.py), else over torch.compile."""
+        return self.speedup_vs_baseline if self.baseline_variant is not None else self.speedup_vs_compile
+
+    @property
+    def speedup_over(self) -> str:
+        """What `headline_speedup` divides by, as the pages name it."""
+        return DECK_BASELINE_LABEL if self.baseline_variant is not None else "torch.compile"
 
 
 @dataclass(frozen=True)

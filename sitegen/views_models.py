@@ -40,7 +40,7 @@ class BoardLine:
     slug: str
     lab: str | None
     n_problems: int
-    geomean_speedup: float | None  # geomean speedup over torch.compile of the row's counted passes
+    geomean_speedup: float | None  # geomean headline speedup of the row's counted passes (Result.headline_speedup)
     mean_roofline: float | None  # arithmetic mean of those passes' geomean fraction of the roofline
     output_tokens: int | None  # summed over every run of the model graded on this board
     cost_usd: float | None  # the same runs' cost
@@ -118,7 +118,7 @@ class ModelPages:
                   if r.gpu == board.gpu and not r.off_board and self.data.runs[r.run_id].model == row.model
                   and self.data.runs[r.run_id].bench == board.bench]
         passes = [c for c in row.cells if c is not None and c.state == "pass"]
-        speedups = [c.result.speedup_vs_compile for c in passes if c.result.speedup_vs_compile is not None]
+        speedups = [c.result.headline_speedup for c in passes if c.result.headline_speedup is not None]
         roofs = [c.result.peak_fraction for c in passes if c.result.peak_fraction is not None]
         return BoardLine(
             row=row,
@@ -234,12 +234,12 @@ class ModelPages:
         rows = []
         for key in sorted(problems):
             line = [cells[key].get(g) for g in gpus]
-            best = max((c.result.speedup_vs_compile or 0.0 for c in line if c is not None and c.state == "pass"),
+            best = max((c.result.headline_speedup or 0.0 for c in line if c is not None and c.state == "pass"),
                        default=0.0)
             # a pass without a speedup (an imported one whose source published no baselines) gets no bar
             rows.append((problems[key], [
-                (c, c.result.speedup_vs_compile / best if c is not None and c.state == "pass" and best
-                 and c.result.speedup_vs_compile is not None else None) for c in line]))
+                (c, c.result.headline_speedup / best if c is not None and c.state == "pass" and best
+                 and c.result.headline_speedup is not None else None) for c in line]))
         return {
             "gpus": [(g, gpu_label(self.data, g)) for g in gpus],
             "rows": rows,

@@ -198,3 +198,21 @@ def test_the_mega_problem_page_charts_the_speedup_over_the_decks_baseline(import
     chart = str(rtx["speedup_chart"])
     assert "Speedup over baseline.py" in chart and "baseline.py (1\\u00d7)" in chart and "torch.compile" not in chart
     assert '"customdata": [24.94, 24.28, 24.61]' in str(rtx["shape_chart"])
+
+
+def test_model_and_gpu_pages_show_the_mega_speedup_over_baseline_py(imported, tmp_path: Path) -> None:
+    """A Mega pass is shown on its model page (card, across GPUs, every attempt) and on its GPU page
+    by the speedup its board ranks on, named as over baseline.py — never as a blank speedup over
+    torch.compile, which the source did not measure."""
+    from kernelboard.sitegen.render import build_site
+
+    data, _ = imported
+    site = build_site(data, DECKS, tmp_path / "dist").out_dir
+    text = " ".join((site / "models" / "claude-fable-5" / "index.html").read_text().split())
+    assert text.count('<p class="card-value">24.6× ') == 1 and text.count('<p class="card-value">35.4× ') == 1
+    assert text.count('<p class="why">over <code>baseline.py</code>') == 2  # RTX PRO 6000 and B200 cards
+    assert text.count("on this problem; over baseline.py\">") == 2  # across GPUs
+    assert '24.6× <span class="sub">over baseline.py</span>' in text  # every attempt
+    assert '35.4× <span class="sub">over baseline.py</span>' in text
+    gpu_page = " ".join((site / "gpu" / "rtx-pro-6000" / "index.html").read_text().split())
+    assert 'data-label="× baseline.py"' in gpu_page and ">24.6×</td>" in gpu_page
