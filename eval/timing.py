@@ -181,8 +181,8 @@ class Cover:
     """How a covered timed loop went, for the judge's check and the log: medians over the timed
     calls of the GPU span between the call's events, of the host's dispatch (call to return), and
     of the sleep that covered it; the samples' floor (the least covered dispatch); `uncovered`
-    counts calls whose dispatch outlasted most of the sleep
-    (or that waited on the GPU), whose sample is then the GPU span alone."""
+    counts calls whose dispatch outlasted most of the sleep (or that waited on the GPU), whose
+    sample is then the GPU span alone."""
 
     gpu_ms: float
     dispatch_ms: float
