@@ -189,6 +189,23 @@ def test_run_page_prints_its_arithmetic_and_provenance(built_site: Path) -> None
     assert "CPU timings" not in page
 
 
+def test_each_shape_says_how_it_was_timed(fresh_inputs: SiteInputs, tmp_path: Path) -> None:
+    """A shape row's `timing_method` is printed under its time; a GPU row of a grader before 0.4.0
+    (no method recorded) was timed synchronised and says so; a CPU timing and an imported row say
+    nothing (another clock, another grader's method)."""
+    path = fresh_inputs.results_dir / GPU / "shapes.parquet"
+    rows = [r for r in pq.read_table(path).to_pylist() if r["run_id"] == PASS]
+    for r in rows:
+        r.pop("schema_version")
+    upsert(path, "shapes", [{**r, "timing_method": "covered" if r["shape_idx"] == 0 else None} for r in rows])
+    out = build_site(fresh_inputs.data_dir, fresh_inputs.decks_dir, tmp_path / "dist").out_dir
+    methods = [_text(e) for e in _tree(out / "runs" / GPU / PASS / "index.html").iter()
+               if "timing-method" in (e.get("class") or "")]
+    assert methods == ["covered"] + ["synchronised"] * (len(rows) - 1)
+    cpu = (out / "runs" / "cpu" / HOUSE / "index.html").read_text()
+    assert "timing-method" not in cpu
+
+
 def test_cpu_run_page_says_cpu_timings_loudly(built_site: Path) -> None:
     tree = _tree(built_site / "runs" / "cpu" / HOUSE / "index.html")
     assert "CPU timings." in _text(tree.find(".//p[@class='alert']"))
