@@ -19,9 +19,11 @@ into its own fresh copy of the seed, the fidelity runs interleaved round by roun
 its submissions one call each into one more copy, in a cycle while the fidelity gradings run and
 at least once each. The tables come from each folder's results and shapes parquet files. A
 `--device cpu` run grades the fidelity runs on the CPU shapes without a load (unless
-`--load-only` asks for one, on the CPU too): a smoke test, not a measurement.
+`--load-only` asks for one, on the CPU too): a smoke test, not a measurement. On a host with one GPU,
+`--gpus 0 --cpu-load N` keeps N busy-looping processes running instead of the second GPU's load.
 
     python3 bench/gpu_grading.py --gpus 0,1 --json fidelity.json
+    python3 bench/gpu_grading.py --gpus 0 --cpu-load 4 --json fidelity.json    # one GPU
     python3 bench/gpu_grading.py --device cpu --fidelity-run '*house_07*' --gradings 2
 """
 
@@ -231,9 +233,9 @@ def findings(gradings: Sequence[Grading]) -> list[str]:
             for g in gradings if g.status != "pass"]
 
 
-def summary(device: str, gpus: Sequence[str], gradings: Sequence[Grading]) -> dict[str, Any]:
+def summary(device: str, gpus: Sequence[str], gradings: Sequence[Grading], cpu_load: int = 0) -> dict[str, Any]:
     """Everything printed, as JSON-ready data."""
-    return {"device": device, "gpus": list(gpus),
+    return {"device": device, "gpus": list(gpus), "cpu_load": cpu_load,
             "targets": {"shape_spread_max": SHAPE_SPREAD_MAX, "shape_floor_ms": SHAPE_FLOOR_MS,
                         "headline_spread_max": HEADLINE_SPREAD_MAX, "grade_seconds": TARGET_S,
                         "original_harness_seconds": ORIGINAL_S},
@@ -241,6 +243,19 @@ def summary(device: str, gpus: Sequence[str], gradings: Sequence[Grading]) -> di
             "grade_time": [asdict(f) for f in grade_time_figures(gradings, device)],
             "findings": findings(gradings),
             "gradings": [asdict(g) for g in gradings]}
+
+
+@contextlib.contextmanager
+def _busy_host(n: int) -> Iterator[None]:
+    """`n` busy-looping processes while the gradings run: a host's load where no second GPU grades
+    (a one-GPU machine), in place of the load lane's."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 def _plural(n: int, word: str) -> str:
@@ -501,9 +516,11 @@ _DIR = click.Path(exists=True, file_okay=False, path_type=Path)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the figures and every grading as JSON here.")
 @click.option("--unsandboxed", is_flag=True, help="Pass --unsandboxed to kernelboard eval.")
+@click.option("--cpu-load", type=click.IntRange(0, 256), default=0, show_default=True,
+              help="Busy-looping processes kept running while the gradings run (a one-GPU host's load).")
 def cli(device: str, gpus: str | None, fidelity_globs: tuple[str, ...], gradings: int, load_globs: tuple[str, ...],
         results: Path, deck: Path, submissions: Path, work: Path | None, json_path: Path | None,
-        unsandboxed: bool) -> None:
+        unsandboxed: bool, cpu_load: int) -> None:
     devices = _devices(device, gpus, load_globs)
     fidelity_runs = _matching(submissions, fidelity_globs or FIDELITY_RUNS, "--fidelity-run")
     default_load = LOAD_RUNS if device == "cuda" and len(devices) == 2 else ()
@@ -512,7 +529,7 @@ def cli(device: str, gpus: str | None, fidelity_globs: tuple[str, ...], gradings
         raise UsageError(f"--json {json_path}: folder {json_path.parent} does not exist")
     console = Console(stderr=True, soft_wrap=True)  # progress lines a log keeps whole
     out = Console(width=None if sys.stdout.isatty() else 120)
-    if device == "cuda" and not load_runs:
+    if device == "cuda" and not load_runs and not cpu_load:
         console.print("[yellow]no load: the fidelity gradings run with the other GPU idle[/]")
     with _work_folder(work) as folder:
         (folder / "logs").mkdir()
@@ -520,11 +537,14 @@ def cli(device: str, gpus: str | None, fidelity_globs: tuple[str, ...], gradings
                       unsandboxed)
         _seed(cfg, results.resolve(), [*fidelity_runs, *(r for r in load_runs if r not in fidelity_runs)], console)
         load = f"; load on {_where(devices[-1])}: {_plural(len(load_runs), 'run')}" if load_runs else ""
+        load += f"; {_plural(cpu_load, 'busy-looping process')} on the host" if cpu_load else ""
         console.print(f"grading {_plural(len(fidelity_runs), 'fidelity run')} {gradings}× on {_where(devices[0])}"
                       f"{load}")
-        graded = grade_all(cfg, fidelity_runs, gradings, load_runs, console)
+        with _busy_host(cpu_load):
+            graded = grade_all(cfg, fidelity_runs, gradings, load_runs, console)
     where = "CPU shapes, CPU timings: a smoke test" if device == "cpu" else f"GPU {devices[0]}"
     with_load = f", load on GPU {devices[-1]}" if load_runs and device == "cuda" else ""
+    with_load += f", {_plural(cpu_load, 'busy process')} on the host" if cpu_load else ""
     for fig in fidelity_figures(graded):
         title = f"fidelity: {_short(fig.run_id)}, {len(fig.statuses)} gradings on {where}{with_load}"
         out.print(fidelity_table(fig, title))
@@ -534,7 +554,8 @@ def cli(device: str, gpus: str | None, fidelity_globs: tuple[str, ...], gradings
         out.print(f"[red]finding:[/] {escape(line)}", highlight=False)
     if json_path is not None:
         tmp = json_path.with_name(f".{json_path.name}.tmp")
-        tmp.write_text(json.dumps(summary(device, devices, graded), sort_keys=True, indent=1, default=str) + "\n")
+        figures = summary(device, devices, graded, cpu_load)
+        tmp.write_text(json.dumps(figures, sort_keys=True, indent=1, default=str) + "\n")
         os.replace(tmp, json_path)
         out.print(f"summary written to {json_path}")
     if any(g.status == "no row" for g in graded):

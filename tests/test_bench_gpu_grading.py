@@ -3,9 +3,11 @@ end-to-end run on the CPU of a tiny submission graded twice (the GPU run is the 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -102,6 +104,29 @@ def test_the_summary_is_json_with_every_figure() -> None:
     assert data["gpus"] == ["0", "1"] and data["targets"]["headline_spread_max"] == 0.02
     assert data["fidelity"][0]["shapes"][0]["spread"] == pytest.approx(0.02)
     assert data["grade_time"][0]["median_s"] == 40.0 and len(data["gradings"]) == 2 and data["findings"] == []
+
+
+def _busy_children() -> int:
+    """This process's children running the busy loop (read from /proc)."""
+    found = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == os.getpid() and b"while True: pass" in (stat.parent / "cmdline").read_bytes():
+                found += 1
+    return found
+
+
+def test_cpu_load_keeps_busy_processes_only_while_the_gradings_run() -> None:
+    """`--cpu-load N` on a one-GPU host: N busy loops during the gradings, none left after (an
+    exception inside included); the JSON summary says how many."""
+    with bench._busy_host(2):
+        assert _busy_children() == 2
+    assert _busy_children() == 0
+    with pytest.raises(RuntimeError), bench._busy_host(1):
+        raise RuntimeError("a grading failed")
+    assert _busy_children() == 0
+    assert bench.summary("cuda", ["0"], [], cpu_load=4)["cpu_load"] == 4
 
 
 @pytest.mark.parametrize(("args", "message"), [
