@@ -218,6 +218,11 @@ def flag_of(annotation: Annotation | None) -> str | None:
     return f"flag: {annotation.verdict}" if annotation is not None and annotation.flags else None
 
 
+#: A step is a "megakernel" where one call launches at most this many kernels on every shape (each node of
+#: a CUDA-graph replay counted: eval/launches.py). Measured, never a model's claim; the methodology says so.
+MEGAKERNEL_MAX_LAUNCHES = 1
+
+
 @dataclass(frozen=True)
 class Cell:
     """The best graded run of one model on one problem on one GPU."""
@@ -239,6 +244,18 @@ class Cell:
     def no_speedup(self) -> str | None:
         """Why a pass shows no speedup (its grader published no baselines to derive one from), else None."""
         return no_speedup_reason(self.result)
+
+    @property
+    def launches(self) -> int | None:
+        """The most kernel launches one call made on any of its shapes; None where a shape was not counted
+        (imported rows, CPU timings, graders before 0.3.6)."""
+        counts = [s.launches for s in self.result.shapes]
+        return max(counts) if counts and None not in counts else None  # type: ignore[type-var]
+
+    @property
+    def is_megakernel(self) -> bool:
+        """Measured: every shape's call launched at most MEGAKERNEL_MAX_LAUNCHES kernels."""
+        return self.launches is not None and self.launches <= MEGAKERNEL_MAX_LAUNCHES
 
     @property
     def flag(self) -> str | None:

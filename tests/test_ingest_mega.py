@@ -216,3 +216,29 @@ def test_model_and_gpu_pages_show_the_mega_speedup_over_baseline_py(imported, tm
     assert '35.4× <span class="sub">over baseline.py</span>' in text
     gpu_page = " ".join((site / "gpu" / "rtx-pro-6000" / "index.html").read_text().split())
     assert 'data-label="× baseline.py"' in gpu_page and ">24.6×</td>" in gpu_page
+
+
+@pytest.mark.parametrize(("launches", "shown"), [((1, 1, 1), "1 launch/step · megakernel"),
+                                                 ((1, 40, 3), "40 launches/step"), (None, None)])
+def test_a_mega_cell_prints_its_launches_per_step(imported, tmp_path: Path, launches, shown) -> None:
+    """Launches per step (the most on any shape) beside a Mega pass's speedup, and "megakernel" only where
+    every shape's step launched one kernel; nothing where the launches were not counted (an imported row)."""
+    import pyarrow.parquet as pq
+
+    from kernelboard.eval.tables import upsert
+    from kernelboard.sitegen.render import build_site
+
+    data, _ = imported
+    path = data / "results" / "rtx-pro-6000" / "shapes.parquet"
+    rows = [r for r in pq.read_table(path).to_pylist() if r["run_id"] == PASS]
+    if launches is not None:
+        for r in rows:
+            r.pop("schema_version")
+            r["launches"] = launches[r["shape_idx"]]
+        upsert(path, "shapes", rows)
+    site = build_site(data, DECKS, tmp_path / "dist").out_dir
+    page = " ".join((site / "index.html").read_text().split())  # the home page's boards hold the cells
+    if shown is None:
+        assert 'class="why launches"' not in page
+    else:
+        assert f">{shown}</span>" in page and page.count('class="why launches"') == 1
