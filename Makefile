@@ -9,10 +9,10 @@ OUT    ?= dist
 EVAL_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help site serve eval test lint bench clean
+.PHONY: help site serve eval eval-mega test lint bench clean
 
 help:  ## list the targets
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 10
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 12
 
 $(VENV)/.site: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,12 +43,20 @@ $(EVAL_VENV)/bin/python:
 	$(PYTHON) -c "import site, sys; print('\n'.join(p for p in site.getsitepackages() if sys.prefix != sys.base_prefix))" \
 	  > "$$($(EVAL_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_parent_env.pth"
 
-eval: $(EVAL_VENV)/bin/python  ## grade data/submissions on this machine's GPU into data/results (EVAL_ARGS=--only GLOB …)
+# One deck's grading (make eval, make eval-mega): the eval virtualenv must see torch and the rest.
+define grade_deck
 	$(EVAL_VENV)/bin/python -c "import torch, pyarrow, yaml, click, rich" || \
-	  { echo "make eval needs torch (a CUDA build), pyarrow, pyyaml, click and rich in $(PYTHON)"; exit 1; }
+	  { echo "make $@ needs torch (a CUDA build), pyarrow, pyyaml, click and rich in $(PYTHON)"; exit 1; }
 	$(EVAL_VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
-	$(EVAL_VENV)/bin/kernelboard eval --deck eval/decks/hard --submissions $(DATA)/submissions/hard \
+	$(EVAL_VENV)/bin/kernelboard eval --deck eval/decks/$(1) --submissions $(DATA)/submissions/$(1) \
 	  --out $(DATA)/results $(EVAL_ARGS)
+endef
+
+eval: $(EVAL_VENV)/bin/python  ## grade data/submissions on this machine's GPU into data/results (EVAL_ARGS=--only GLOB …)
+	$(call grade_deck,hard)
+
+eval-mega: $(EVAL_VENV)/bin/python  ## the same for the Mega deck (data/submissions/mega)
+	$(call grade_deck,mega)
 
 # System packages the tests need: Chromium (the site tests drive it through Playwright) and bubblewrap
 # (the grader's sandbox). Missing ones are installed with apt-get, after saying so; without apt-get
