@@ -34,6 +34,7 @@ def test_library_lines_are_timed_or_their_error_recorded(tmp_path: Path,
     assert rows["fp8"]["compile_variant"] in ("compile:default",)  # the headline stays torch.compile
 
 
+@pytest.mark.slow  # measures its own baselines, end to end
 def test_a_skipped_baseline_is_not_measured_and_no_headline_without_torch_compile(tmp_path: Path) -> None:
     rows = grade(tmp_path, ("07_w4a16_gemm",), {"w4": ("07_w4a16_gemm", REEXPORT)},
                  skip_baselines=("compile:default",))
@@ -43,6 +44,7 @@ def test_a_skipped_baseline_is_not_measured_and_no_headline_without_torch_compil
     assert "baselines are missing for shapes [0, 1]" in rows["w4"]["message"]
 
 
+@pytest.mark.slow  # measures its own baselines, end to end
 def test_a_library_line_that_disagrees_with_the_reference_records_no_time(tmp_path: Path) -> None:
     deck = copy_deck(tmp_path, (W4,))
     with (deck / W4 / "reference.py").open("a") as f:
