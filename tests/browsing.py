@@ -11,6 +11,7 @@ import contextlib
 import functools
 import http.server
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,11 +33,20 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class _QuietServer(http.server.ThreadingHTTPServer):
+    """A browser that drops a request mid-response (a page closed while it loads) is not an error of the site:
+    no traceback on stderr for it (under pytest-xdist a worker's stderr reaches the terminal)."""
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
+
+
 @contextlib.contextmanager
 def serve(folder: Path) -> Iterator[str]:
     """`folder` over HTTP on 127.0.0.1, a free port, from a thread; yields the site's URL."""
     handler = functools.partial(_QuietHandler, directory=str(folder))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = _QuietServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

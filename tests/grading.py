@@ -1,16 +1,21 @@
 """Grade small sets of generated submissions on the CPU: the one helper the deck and grader tests share.
 
 Batches about their submissions' verdicts, not about measuring baselines, pass the session's
-`MeasuredBaselines` (the `measured_baselines` fixture): the first batch of a problem measures its CPU
-baselines with the real grader, later batches of that problem reuse them from their results folder as
-`run_eval` reuses any cached baselines. Tests about measuring baselines grade without it.
+`MeasuredBaselines` (the `measured_baselines` fixture): each Hard problem's CPU baselines are measured
+once per test session, by the real grader in a batch of their own (`baselines_only`), and every later
+batch of that problem gets them copied into its results folder, where `run_eval` reuses them as it
+reuses any cached baselines. Under pytest-xdist the workers share them (a folder and a file lock per
+problem), so two workers never measure the same problem twice. Tests about measuring baselines grade
+without it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import textwrap
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,44 +47,56 @@ def copy_deck(root: Path, problems: Iterable[str]) -> Path:
 
 
 class MeasuredBaselines:
-    """CPU baselines measured by the session's grading batches, kept per problem, timing budget and skipped
-    variants: a later batch of the same problem gets them copied into its results folder (rows and log)
-    before it grades, and `run_eval` reuses them as it reuses any cached baselines."""
+    """CPU baselines of Hard problems, measured once per test session per problem, timing budget and skipped
+    variants, kept as a results folder each under `folder` (shared by the session's xdist workers)."""
 
-    def __init__(self) -> None:
-        self._kept: dict[tuple[str, float | None, tuple[str, ...]], tuple[list[dict], dict[str, str]]] = {}
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
 
     def copy_into(self, out: Path, problems: Iterable[str], rep_ms: float | None,
                   skip_baselines: tuple[str, ...] = ()) -> None:
-        """Write the kept baseline rows and logs of these problems (those measured so far) into `out`."""
+        """Write these problems' baseline rows and logs into the results folder `out`, measuring those that
+        this session has not measured yet (one at a time: a second worker waits for the first)."""
         for problem in problems:
-            if (problem, rep_ms, skip_baselines) not in self._kept:
-                continue
-            rows, logs = self._kept[problem, rep_ms, skip_baselines]
+            kept = self._measured(problem, rep_ms, skip_baselines)
+            rows = read_table(table_path(kept, "cpu", "baselines"), "baselines").to_pylist()
             upsert(table_path(out, "cpu", "baselines"), "baselines", rows)
             (out / "cpu" / "logs").mkdir(parents=True, exist_ok=True)
-            for name, text in logs.items():
-                (out / "cpu" / "logs" / name).write_text(text)
+            for log in (kept / "cpu" / "logs").glob("baselines-*.log"):
+                shutil.copyfile(log, out / "cpu" / "logs" / log.name)
 
-    def keep(self, out: Path, rep_ms: float | None, skip_baselines: tuple[str, ...] = ()) -> None:
-        """Keep the baselines a batch measured into `out`, for the problems not kept yet."""
-        path = table_path(out, "cpu", "baselines")
-        if not path.exists():
-            return
-        by_problem: dict[str, list[dict]] = {}
-        for row in read_table(path, "baselines").to_pylist():
-            by_problem.setdefault(row["problem"], []).append(row)
-        for problem, rows in by_problem.items():
-            logs = {log.name: log.read_text() for log in (out / "cpu" / "logs").glob(f"baselines-*-{problem}.log")}
-            self._kept.setdefault((problem, rep_ms, skip_baselines), (rows, logs))
+    def _measured(self, problem: str, rep_ms: float | None, skip_baselines: tuple[str, ...]) -> Path:
+        """The results folder holding this problem's baselines, measured now unless the session has them."""
+        key = "-".join([problem, f"rep{rep_ms}", *skip_baselines]).replace(":", "_")
+        root = self.folder / key
+        with _locked(self.folder / f"{key}.lock"):
+            if not (root / "done").exists():
+                shutil.rmtree(root, ignore_errors=True)  # a measurement that failed half-way
+                deck = copy_deck(root, (problem,))
+                write_submission(root / "subs" / "any", problem, REEXPORT)  # names the problem; never graded
+                run_eval(EvalOptions(deck=deck, submissions=root / "subs", out=root / "out", device="cpu",
+                                     rep_ms=rep_ms, skip_baselines=skip_baselines, baselines_only=True))
+                if not table_path(root / "out", "cpu", "baselines").exists():
+                    raise RuntimeError(f"no baselines were measured for {problem} (see {root / 'out'})")
+                (root / "done").touch()
+        return root / "out"
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path` for the block (released when the file closes, even if the holder dies)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
 
 
 def grade(root: Path, problems: Iterable[str], submissions: Mapping[str, tuple[str, str | None]],
           baselines: MeasuredBaselines | None = None, **options: Any) -> dict[str, dict]:
     """Grade `{run_id: (problem, source)}` on the CPU against copies of `problems`; rows by run_id.
 
-    With `baselines`, a problem whose baselines an earlier batch measured gets them from there instead of
-    measuring them again, and those this batch measures are kept for later batches.
+    With `baselines`, each problem's baselines come from the session's (measured first where this session has
+    not measured them yet) instead of being measured in this batch.
     """
     problems = tuple(problems)
     deck = copy_deck(root, problems)
@@ -89,6 +106,4 @@ def grade(root: Path, problems: Iterable[str], submissions: Mapping[str, tuple[s
     if baselines is not None:
         baselines.copy_into(root / "out", problems, opts["rep_ms"], tuple(opts.get("skip_baselines", ())))
     rows = run_eval(EvalOptions(deck=deck, submissions=root / "subs", out=root / "out", **opts))
-    if baselines is not None:
-        baselines.keep(root / "out", opts["rep_ms"], tuple(opts.get("skip_baselines", ())))
     return {r["run_id"]: r for r in rows}

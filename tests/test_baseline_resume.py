@@ -20,6 +20,7 @@ def _baselines(out: Path) -> dict[int, dict]:
     return {r["shape_idx"]: r for r in rows}
 
 
+@pytest.mark.slow  # waits out a baseline timeout, grades twice
 def test_a_baseline_run_cut_off_by_its_timeout_keeps_what_it_measured(tmp_path: Path) -> None:
     deck = copy_deck(tmp_path, (W4,))
     hang = tmp_path / "hang"

@@ -143,6 +143,7 @@ def test_a_bad_argument_is_one_line_and_exit_2(args: list[str], message: str) ->
     assert message in proc.stderr
 
 
+@pytest.mark.slow  # the bench script end to end
 def test_a_cpu_run_grades_a_tiny_submission_twice_and_never_writes_into_results(tmp_path: Path) -> None:
     deck = copy_deck(tmp_path, ("07_w4a16_gemm",))
     write_submission(tmp_path / "subs" / "tiny", "07_w4a16_gemm", REEXPORT)

@@ -254,6 +254,7 @@ class Model(reference.Model):
 """
 
 
+@pytest.mark.slow  # a grading batch end to end (02's baselines and three gradings)
 def test_cpu_grading_passes_the_reference_and_fails_wrong_kernels(tmp_path: Path,
                                                                   measured_baselines: MeasuredBaselines) -> None:
     sources = {"correct": REEXPORT, "no_decay": NO_DECAY, "stateless": STATELESS}

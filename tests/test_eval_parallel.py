@@ -14,6 +14,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from grading import REEXPORT, copy_deck, write_submission
 
 from kernelboard.eval.parallel import child_folder, spread, spread_runs
@@ -42,6 +43,7 @@ def test_runs_of_one_problem_are_spread_over_the_devices_by_cost() -> None:
     assert any(set(b) == {"r0", "r1", "r2", "r3", "r4", "d0"} for b in whole)
 
 
+@pytest.mark.slow  # `kernelboard eval --gpus` end to end
 def test_two_devices_grade_in_parallel_into_one_folder(tmp_path: Path) -> None:
     deck = copy_deck(tmp_path, (TOPK, W4))
     runs = {f"20261130_000000_t_a_{TOPK}": TOPK, f"20261130_000000_t_b_{W4}": W4,
@@ -83,6 +85,7 @@ def _eval_on_two(tmp_path: Path, deck: Path, *more: str) -> str:
     return done.stderr
 
 
+@pytest.mark.slow  # `kernelboard eval --gpus` end to end, twice
 def test_one_problem_is_graded_on_both_devices_with_its_baselines_measured_once(tmp_path: Path) -> None:
     deck = copy_deck(tmp_path, (TOPK,))
     first = [f"20261130_00000{i}_t_{i}_{TOPK}" for i in range(2)]

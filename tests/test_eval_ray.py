@@ -78,6 +78,7 @@ def _eval(cluster: str, tmp_path: Path, deck: Path, *more: str) -> subprocess.Co
     return subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=ENV)
 
 
+@pytest.mark.slow  # a Ray cluster and three gradings in its tasks
 def test_a_batch_is_graded_on_two_fake_gpus_through_a_killed_task(cluster: str, tmp_path: Path) -> None:
     deck = copy_deck(tmp_path, (TOPK, W4))
     runs = {f"20261201_000000_t_a_{TOPK}": TOPK, f"20261201_000000_t_b_{W4}": W4,
@@ -115,6 +116,7 @@ def test_a_batch_is_graded_on_two_fake_gpus_through_a_killed_task(cluster: str, 
     assert load_all(out)["results"].num_rows == len(runs)
 
 
+@pytest.mark.slow  # the Ray cluster of the test above
 def test_a_cluster_without_the_devices_resource_is_one_line(cluster: str, tmp_path: Path) -> None:
     deck = copy_deck(tmp_path, (W4,))
     write_submission(tmp_path / "subs" / f"20261201_000000_t_a_{W4}", W4, REEXPORT)

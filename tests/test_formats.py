@@ -387,6 +387,7 @@ def _submissions(root: Path, runs: dict[str, tuple[str, str]]) -> Path:
     return root
 
 
+@pytest.mark.slow  # a foreign deck graded end to end, its baselines measured
 def test_kb_hard_grades_end_to_end_on_the_cpu(kb_hard: Path, tmp_path: Path) -> None:
     subs = _submissions(tmp_path / "subs", {k: ("01_small_gemm", v) for k, v in KB_HARD_SOLUTIONS.items()})
     rows = run_eval(EvalOptions(deck=kb_hard.parent, submissions=subs, out=tmp_path / "out", device="cpu",
@@ -397,6 +398,7 @@ def test_kb_hard_grades_end_to_end_on_the_cpu(kb_hard: Path, tmp_path: Path) -> 
     assert "out of tolerance (atol=0.002," in status["kbh_wrong"][1]  # torch.float32's, not float32's
 
 
+@pytest.mark.slow  # a foreign deck graded end to end, its baselines measured
 def test_si_kb_grades_end_to_end_on_the_cpu(si_kb: Path, tmp_path: Path) -> None:
     subs = _submissions(tmp_path / "subs", SI_KB_SOLUTIONS)
     rows = run_eval(EvalOptions(deck=si_kb, submissions=subs, out=tmp_path / "out", device="cpu",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import yaml
@@ -21,6 +22,9 @@ from kernelboard.sitegen.ingest.traces import (
     read_dataset,
     read_folder,
 )
+
+if TYPE_CHECKING:
+    from grading import MeasuredBaselines
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO.parent / "shared" / "samples" / "hf-traces"
@@ -329,7 +333,7 @@ def test_an_exported_run_rebuilds_its_solution(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------ end to end
 
 
-def test_imported_runs_are_graded_and_rendered(tmp_path: Path) -> None:
+def test_imported_runs_are_graded_and_rendered(tmp_path: Path, measured_baselines: MeasuredBaselines) -> None:
     """import traces -> kernelboard eval (CPU) -> site build: DNFs show their reason and Hub trace links."""
     pytest.importorskip("torch", reason="grading needs the eval extra (torch)")
     from kernelboard.eval.schedule import EvalOptions, run_eval
@@ -348,9 +352,10 @@ def test_imported_runs_are_graded_and_rendered(tmp_path: Path) -> None:
     t.write_to(src)
     data = tmp_path / "data"
     assert _import(src, data).skipped == []
+    measured_baselines.copy_into(data / "results", ["03_paged_attention"], rep_ms=20.0)  # the session's
     rows = run_eval(EvalOptions(deck=REPO / "eval" / "decks" / "hard", submissions=data / "submissions" / "hard",
                                 out=data / "results", device="cpu", timeout_s=120.0, build_timeout_s=60.0,
-                                rep_ms=10.0))
+                                rep_ms=20.0))
     status = {r["run_id"]: r["status"] for r in rows}
     assert status == {"20260716_090000_claude_claude-fable-5_03_paged_attention": "pass",
                       "20260716_091500_zai-claude_glm-5.3_03_paged_attention": "dnf",

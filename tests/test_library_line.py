@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from grading import REEXPORT, copy_deck, grade, write_submission
+from grading import REEXPORT, MeasuredBaselines, copy_deck, grade, write_submission
 
 from kernelboard.eval.deck import DeckError, load_problem
 from kernelboard.eval.schedule import EvalOptions, run_eval
@@ -16,9 +16,11 @@ from kernelboard.eval.tables import read_table, table_path
 W4 = "07_w4a16_gemm"
 
 
-def test_library_lines_are_timed_or_their_error_recorded(tmp_path: Path) -> None:
+def test_library_lines_are_timed_or_their_error_recorded(tmp_path: Path,
+                                                         measured_baselines: MeasuredBaselines) -> None:
+    """The session's baselines of 01 and 05 (measured once, by the grader, for every batch of those problems)."""
     rows = grade(tmp_path, ("01_fp8_gemm", "05_topk_bitonic"),
-                 {"fp8": ("01_fp8_gemm", REEXPORT), "topk": ("05_topk_bitonic", REEXPORT)})
+                 {"fp8": ("01_fp8_gemm", REEXPORT), "topk": ("05_topk_bitonic", REEXPORT)}, measured_baselines)
     baselines = read_table(table_path(tmp_path / "out", "cpu", "baselines"), "baselines").to_pylist()
     by_variant = {(b["problem"], b["variant"]): b for b in baselines if b["shape_idx"] == 0}
     topk = by_variant[("05_topk_bitonic", "library:torch.topk")]
@@ -32,6 +34,7 @@ def test_library_lines_are_timed_or_their_error_recorded(tmp_path: Path) -> None
     assert rows["fp8"]["compile_variant"] in ("compile:default",)  # the headline stays torch.compile
 
 
+@pytest.mark.slow  # measures its own baselines, end to end
 def test_a_skipped_baseline_is_not_measured_and_no_headline_without_torch_compile(tmp_path: Path) -> None:
     rows = grade(tmp_path, ("07_w4a16_gemm",), {"w4": ("07_w4a16_gemm", REEXPORT)},
                  skip_baselines=("compile:default",))
@@ -41,6 +44,7 @@ def test_a_skipped_baseline_is_not_measured_and_no_headline_without_torch_compil
     assert "baselines are missing for shapes [0, 1]" in rows["w4"]["message"]
 
 
+@pytest.mark.slow  # measures its own baselines, end to end
 def test_a_library_line_that_disagrees_with_the_reference_records_no_time(tmp_path: Path) -> None:
     deck = copy_deck(tmp_path, (W4,))
     with (deck / W4 / "reference.py").open("a") as f:

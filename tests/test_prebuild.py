@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from grading import MeasuredBaselines
 
 from kernelboard.eval.cutlass_headers import find_cutlass
 from kernelboard.eval.sandbox import worker_env
@@ -28,8 +29,8 @@ from reference import Model, get_inputs, get_init_inputs  # noqa: F401
 """
 
 
-def test_prebuild_compiles_the_next_solution_while_the_current_one_grades(tmp_path: Path,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prebuild_compiles_the_next_solution_while_the_current_one_grades(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, measured_baselines: MeasuredBaselines) -> None:
     monkeypatch.setenv("KERNELBOARD_CACHE", str(tmp_path / "cache"))
     subs = tmp_path / "subs"
     for name, source in (("a_plain", "from reference import Model, get_inputs, get_init_inputs  # noqa: F401\n"),
@@ -39,6 +40,7 @@ def test_prebuild_compiles_the_next_solution_while_the_current_one_grades(tmp_pa
         (subs / name / "run.yaml").write_text("problem: 03_paged_attention\nmodel: t\nharness: pytest\n"
                                               "agent_outcome: completed\n")
     out = tmp_path / "out"
+    measured_baselines.copy_into(out, ["03_paged_attention"], rep_ms=20.0)  # the session's: not what this is about
     rows = run_eval(EvalOptions(deck=DECK, submissions=subs, out=out, device="cpu", rep_ms=20.0, prebuild=True))
     assert [r["status"] for r in rows] == ["pass", "pass"]
     logs = out / "cpu" / "logs"

@@ -129,6 +129,7 @@ def test_the_readme_lists_the_commands_this_test_runs() -> None:
     assert quickstart_commands((REPO / "README.md").read_text(encoding="utf-8")) == ["make site", "make test"]
 
 
+@pytest.mark.slow  # a fresh clone, two pip installs into new virtualenvs
 def test_quick_start_on_a_fresh_clone(tmp_path: Path) -> None:
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True, capture_output=True)

@@ -4,7 +4,8 @@ or incomplete table — and checks that no row is lost, duplicated or orphaned, 
 the contract, and that what failed said so in one line naming the path.
 
 Gradings are real (`kernelboard eval --device cpu` in a subprocess) but few: one module fixture
-measures the baselines once, and each grading test copies that folder and grades with --resume.
+grades a seed run (with the session's baselines), and each grading test copies that folder and grades
+with --resume.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from grading import MeasuredBaselines
 
 from kernelboard.cli import main as cli
 from kernelboard.eval.locks import LockWaitWarning, hold
@@ -116,10 +118,11 @@ def _check_consistent(out: Path, expected: set[str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def seeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A results folder with the CPU baselines of the problem measured and one correct run graded."""
+def seeded(tmp_path_factory: pytest.TempPathFactory, measured_baselines: MeasuredBaselines) -> Path:
+    """A results folder with the CPU baselines of the problem (the session's) and one correct run graded."""
     root = tmp_path_factory.mktemp("seed")
     _write_sub(root / "subs", "seed_correct")
+    measured_baselines.copy_into(root / "out", [PROBLEM], rep_ms=20.0)
     env = {**os.environ, "KERNELBOARD_LOCK_DIR": str(root)}
     proc = subprocess.run(_eval_args(root / "subs", root / "out"), cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=900)
@@ -136,6 +139,7 @@ def _copy_seed(seeded: Path, tmp_path: Path) -> Path:
 # -------------------------------------------------------------------------------- kill -9 (grading)
 
 
+@pytest.mark.slow  # real `kernelboard eval` runs, killed
 def test_kill_9_of_the_worker_is_a_status_and_the_batch_goes_on(seeded: Path, tmp_path: Path) -> None:
     out = _copy_seed(seeded, tmp_path)
     subs = tmp_path / "subs"
@@ -170,6 +174,7 @@ def test_kill_9_of_the_worker_is_a_status_and_the_batch_goes_on(seeded: Path, tm
     _check_consistent(out, {"seed_correct", "a_victim", "b_after"})
 
 
+@pytest.mark.slow  # real `kernelboard eval` runs, killed
 def test_kill_9_of_the_scheduler_at_a_random_point_then_resume_loses_and_duplicates_nothing(
         seeded: Path, tmp_path: Path) -> None:
     out = _copy_seed(seeded, tmp_path)
@@ -187,6 +192,7 @@ def test_kill_9_of_the_scheduler_at_a_random_point_then_resume_loses_and_duplica
     _check_consistent(out, {"seed_correct", *names})
 
 
+@pytest.mark.slow  # real `kernelboard eval` runs at once
 def test_two_evals_on_one_results_folder_at_once_lose_no_row(seeded: Path, tmp_path: Path) -> None:
     out = _copy_seed(seeded, tmp_path)
     subs = tmp_path / "subs"
@@ -200,6 +206,7 @@ def test_two_evals_on_one_results_folder_at_once_lose_no_row(seeded: Path, tmp_p
     _check_consistent(out, {"seed_correct", "x1", "x2", "y1", "y2"})
 
 
+@pytest.mark.slow  # a real `kernelboard eval` run
 def test_an_eval_and_a_merge_into_the_same_folder_at_once_lose_no_row(seeded: Path, tmp_path: Path) -> None:
     out = _copy_seed(seeded, tmp_path)
     other = tmp_path / "other"

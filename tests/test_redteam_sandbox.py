@@ -20,12 +20,17 @@ from pathlib import Path
 import pytest
 from grading import REEXPORT, grade
 
+from kernelboard.eval import jail
 from kernelboard.eval.jail import find_bwrap
 from kernelboard.eval.tables import load_all
 
 pytestmark = pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap is not usable here (make test installs it)")
 
 P = "03_paged_attention"
+#: The sandbox's memory limit for this batch: the RAM bomb meets a 3 GiB limit in a second or two, where half
+#: of a 24 GB machine took 30 s to fill (and pushed whatever else runs there out of memory). Honest gradings of
+#: this problem need well under 1 GiB.
+MEMORY_LIMIT = 3 << 30
 ROOT = Path(__file__).resolve().parents[1]
 #: A token no honest process carries: marks the attackers' own processes and files.
 TOKEN = f"kbredteam{secrets.token_hex(4)}"
@@ -193,8 +198,11 @@ os.remove('big.bin')
     submissions["honest"] = (P, REEXPORT)
     before = {"deck": (ROOT / "eval" / "decks" / "hard" / P / "problem.yaml").read_bytes()}
     os.environ["KB_REDTEAM_SECRET"] = SECRET
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     try:
-        rows = grade(root, [P], submissions, measured_baselines, timeout_s=180.0)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(jail, "MEMORY_SHARE", min(jail.MEMORY_SHARE, MEMORY_LIMIT / ram))
+            rows = grade(root, [P], submissions, measured_baselines, timeout_s=180.0)
     finally:
         os.environ.pop("KB_REDTEAM_SECRET", None)
     logs = {run: (out / "cpu" / "logs" / f"{run}.log").read_text(errors="replace") for run in submissions}
@@ -281,6 +289,7 @@ def test_a_fork_bomb_is_stopped_by_the_process_limit(world) -> None:
 def test_a_ram_bomb_is_stopped_by_the_memory_limit(world) -> None:
     said = world["said"]["attack_ram_bomb"]
     row = world["rows"]["attack_ram_bomb"]
+    assert f"memory ≤ {MEMORY_LIMIT >> 30} GiB" in (row["sandbox"] or ""), row["sandbox"]  # the lowered limit held
     assert said.startswith("MemoryError") or row["status"] in ("oom", "runtime_error"), (said, row["message"])
 
 
