@@ -81,7 +81,8 @@ _SLOW_LEFT_OUT = pytest.StashKey[int]()
 
 def _runs_slow(config: pytest.Config) -> bool:
     """Slow tests run in CI (`CI` set: `.ci/run`, `make test-all`) or when `-m` names them."""
-    return bool(os.environ.get("CI")) or "slow" in (config.getoption("markexpr") or "")
+    ci = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+    return ci or "slow" in (config.getoption("markexpr") or "")
 
 
 #: Test modules that take a minute or more (mostly one CPU grading batch in a module fixture), longest first.
