@@ -1,0 +1,117 @@
+"""`timing.time_cuda`'s control flow on a simulated GPU (the CPU CI has none): a host clock, a GPU
+timeline that sleeps, records events and runs a call's kernel after its dispatch, and calls whose
+dispatch and GPU span the test sets. It checks which method a loop ends with and what its samples
+are; the real timer is verified on the H200 (tests/test_eval_gpu.py)."""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from kernelboard.eval import timing
+from kernelboard.eval.settings import COVER_FACTOR, COVER_MIN_MS, COVER_RETRY_FACTOR
+
+CYCLES_PER_MS = 1_000_000.0
+
+
+@dataclass
+class SimGpu:
+    """Host time and GPU time in ms. A synchronise waits for the GPU; a sleep or kernel queued at host
+    time h runs from max(h, the GPU's last work); an event records when the GPU reaches it."""
+
+    now: float = 0.0
+    gpu: float = 0.0
+    tick: float = 1e-4  # each host clock read costs a little time, so wall-clock loops end
+    calls: int = 0
+    events: list[float] = field(default_factory=list)
+
+    def perf_counter(self) -> float:
+        self.now += self.tick
+        return self.now / 1e3
+
+    def synchronize(self) -> None:
+        self.now = max(self.now, self.gpu)
+
+    def sleep(self, cycles: int) -> None:
+        self.gpu = max(self.gpu, self.now) + cycles / CYCLES_PER_MS
+
+    def launch(self, dispatch_ms: float, span_ms: float, waits: bool = False) -> None:
+        """A call: the host spends `dispatch_ms`, then its kernel runs for `span_ms`; `waits`: the call
+        synchronises inside itself after launching (the host waits for the GPU)."""
+        self.calls += 1
+        self.now += dispatch_ms
+        self.gpu = max(self.gpu, self.now) + span_ms
+        if waits:
+            self.synchronize()
+
+
+class SimEvent:
+    def __init__(self, sim: SimGpu) -> None:
+        self.sim, self.t = sim, 0.0
+
+    def record(self) -> None:
+        self.t = self.sim.gpu = max(self.sim.gpu, self.sim.now)
+
+    def elapsed_time(self, other: SimEvent) -> float:
+        return other.t - self.t
+
+
+@pytest.fixture
+def sim(monkeypatch: pytest.MonkeyPatch) -> SimGpu:
+    gpu = SimGpu()
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=gpu.perf_counter))
+    monkeypatch.setattr(timing, "spin_up", lambda buffer, ms=0.0: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", gpu.synchronize)
+    monkeypatch.setattr(torch.cuda, "_sleep", gpu.sleep)
+    monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing=True: SimEvent(gpu))
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *shape, dtype=None, device=None: real_empty(4, dtype=dtype))
+    return gpu
+
+
+def _time(sim: SimGpu, call) -> timing.TimeStats:
+    sets = [[torch.zeros(1)], [torch.ones(1)]]
+    stats, _ = timing.time_cuda(call, sets, l2_bytes=1024, warmup_ms=0.0, min_warmup=3, rep_ms=1.0,
+                                min_iters=40, max_iters=40)
+    return stats
+
+
+CALIBRATION_CALLS = 3 + 5 + 5  # warm-up, the estimate, the cover's calibration
+
+
+def test_a_gpu_bound_call_is_timed_covered_at_its_span(sim: SimGpu) -> None:
+    stats = _time(sim, lambda x: sim.launch(0.01, 0.1))
+    assert stats.method == "covered" and stats.cover is not None and stats.cover.uncovered == 0
+    assert stats.median_ms == pytest.approx(0.1)
+    assert stats.cover.sleep_ms == pytest.approx(max(COVER_FACTOR * 0.01, COVER_MIN_MS), rel=0.05)
+
+
+def test_a_host_bound_call_is_floored_at_its_least_dispatch(sim: SimGpu) -> None:
+    dispatch = iter([0.03] * CALIBRATION_CALLS + [0.02, 0.05, 0.03] * 100)  # jitter in the loop
+    stats = _time(sim, lambda x: sim.launch(next(dispatch), 0.005))
+    assert stats.method == "covered" and stats.cover is not None
+    assert stats.median_ms == pytest.approx(0.02, abs=1e-3) and stats.cover.floor_ms == pytest.approx(0.02, abs=1e-3)
+    # (the median dispatch, the floor until 0.4.1, is 0.03 ms here: the host's jitter, not the call's cost)
+
+
+def test_a_host_slower_than_its_calibration_gets_a_longer_sleep_not_the_synchronised_timer(sim: SimGpu) -> None:
+    """Calibrated at 0.02 ms of dispatch (a cover of 0.06 ms), timed at 0.05 ms: every call outgrows
+    that cover; the loop runs again behind a sleep COVER_RETRY_FACTOR times longer, covered."""
+    dispatch = iter([0.02] * CALIBRATION_CALLS + [0.05] * 1000)
+    stats = _time(sim, lambda x: sim.launch(next(dispatch), 0.1))
+    assert stats.method == "covered" and stats.cover is not None and stats.cover.uncovered == 0
+    assert stats.cover.sleep_ms == pytest.approx(COVER_RETRY_FACTOR * COVER_FACTOR * 0.02, rel=0.05)
+    assert stats.median_ms == pytest.approx(0.1)
+    assert sim.calls == CALIBRATION_CALLS + 2 * 40  # the first covered loop, then the longer one
+
+
+def test_a_call_that_waits_on_the_gpu_inside_itself_is_timed_synchronised(sim: SimGpu) -> None:
+    """It waits out any sleep, so both covered loops are uncovered; the third loop has no sleep and a
+    sample is its whole latency: dispatch plus span."""
+    stats = _time(sim, lambda x: sim.launch(0.01, 0.1, waits=True))
+    assert stats.method == "synchronised" and stats.cover is None
+    assert stats.median_ms == pytest.approx(0.11, rel=0.01)
+    assert sim.calls == CALIBRATION_CALLS + 3 * 40
