@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from kernelboard.eval.schema import AGENT_OUTCOMES, STATUSES, UNSCORED_STATUSES
 
 from .fastest import FastestLines, VsFastest
-from .load import CPU_KEY, DECK_BASELINE_LABEL, Annotation, Problem, Result, Run, SiteData
+from .load import COMPILE_LABEL, CPU_KEY, DECK_BASELINE_LABEL, Annotation, Problem, Result, Run, SiteData
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Metric:
     name: str  # in words, as the pages print it
     field: str  # the Result attribute it reads
     imported: bool = False  # the metric of boards another grader measured (an importer read them)
-    over: str = "torch.compile"  # what a speedup metric divides by, as charts name their 1× line
+    over: str = COMPILE_LABEL  # what a speedup metric divides by, as charts name their 1× line
 
     def of(self, result: Result) -> float | None:
         """The result's value of this metric (None when it has none, e.g. an imported pass without

@@ -46,6 +46,7 @@ SIDECAR_MAX_BYTES = 256 * 1024
 _GEOMEAN_RTOL = 1e-6
 
 __all__ = [
+    "COMPILE_LABEL",
     "CPU_KEY",
     "DECK_BASELINE_LABEL",
     "HOUSE_HARNESS",
@@ -64,7 +65,9 @@ __all__ = [
 ]
 
 
-#: How the pages name a deck's own headline baseline (Mega's tuned PyTorch step).
+#: How the pages name what a speedup divides by: torch.compile, or a deck's own headline baseline (Mega's
+#: tuned PyTorch step).
+COMPILE_LABEL = "torch.compile"
 DECK_BASELINE_LABEL = "baseline.py"
 
 
@@ -194,7 +197,7 @@ class Result:
     @property
     def speedup_over(self) -> str:
         """What `headline_speedup` divides by, as the pages name it."""
-        return DECK_BASELINE_LABEL if self.baseline_variant is not None else "torch.compile"
+        return DECK_BASELINE_LABEL if self.baseline_variant is not None else COMPILE_LABEL
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,13 @@ without it.
 
 from __future__ import annotations
 
-import fcntl
 import shutil
 import textwrap
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from kernelboard.eval.locks import hold
 from kernelboard.eval.schedule import EvalOptions, run_eval
 from kernelboard.eval.tables import read_table, table_path, upsert
 
@@ -69,7 +68,7 @@ class MeasuredBaselines:
         """The results folder holding this problem's baselines, measured now unless the session has them."""
         key = "-".join([problem, f"rep{rep_ms}", *skip_baselines]).replace(":", "_")
         root = self.folder / key
-        with _locked(self.folder / f"{key}.lock"):
+        with hold(self.folder / f"{key}.lock", f"the test session measuring {key}'s CPU baselines"):
             if not (root / "done").exists():
                 shutil.rmtree(root, ignore_errors=True)  # a measurement that failed half-way
                 deck = copy_deck(root, (problem,))
@@ -80,15 +79,6 @@ class MeasuredBaselines:
                     raise RuntimeError(f"no baselines were measured for {problem} (see {root / 'out'})")
                 (root / "done").touch()
         return root / "out"
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on `path` for the block (released when the file closes, even if the holder dies)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        yield
 
 
 def grade(root: Path, problems: Iterable[str], submissions: Mapping[str, tuple[str, str | None]],
