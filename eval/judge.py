@@ -354,6 +354,10 @@ def _timed(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, state: d
     return stats, reply.cover() if cover else None
 
 
+def _loops(loops: float) -> str:
+    return "" if loops <= 1 else f"; the least of {loops:.0f} loops: the host bound the first"
+
+
 def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, state: dict[str, Any],
                 device: str) -> tuple[TimeStats, dict[str, Any]]:
     """Time one shape in the runner; statistics, output checks, the judge's floor and (on a GPU)
@@ -363,8 +367,8 @@ def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sta
     if cover is not None:
         log("worker", f"{where}: covered loop: GPU span {cover['gpu_ms']:.4f} ms, dispatch {cover['dispatch_ms']:.4f} "
                       f"ms, sleep {cover['sleep_ms']:.4f} ms (medians), least dispatch {cover['floor_ms']:.4f} ms "
-                      f"(the samples' floor), {cover['uncovered']:.0f} of {stats.iterations} calls outlasted "
-                      "their cover")
+                      f"(the samples' floor{_loops(cover['loops'])}), {cover['uncovered']:.0f} of "
+                      f"{stats.iterations} calls outlasted their cover")
     elif device == "cuda":
         log("worker", f"{where}: timed with the GPU idle before each call: more than "
                       f"{COVER_UNCOVERED_SHARE:.0%} of the covered calls outlasted their cover")

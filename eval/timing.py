@@ -15,7 +15,10 @@ Method of `time_cuda` (Triton's `do_bench` pattern, made stricter):
    measured once the sleep kernel is loaded), then the start event, the call, the end event: the
    call's launches are queued before it starts, so a sample is the GPU's span for the call — never
    below the loop's least host dispatch (`covered_samples`, `dispatch_floor`; the median until
-   0.4.1), since a call costs its host time too in a stream of calls. A result computed on the
+   0.4.1), since a call costs its host time too in a stream of calls; where that floor is above the
+   median GPU span (the host bound the loop), the loop runs again, FLOOR_WINDOWS loops at most,
+   each after a short sleep, and the one with the least floor is kept (since 0.4.2: `_covered`).
+   A result computed on the
    CPU cannot hide behind the sleep: reading the inputs waits for the GPU, so for the sleep.
    A call whose dispatch outlasts COVER_MARGIN of its sleep was not covered, or waited on the GPU
    inside itself (which waits out the sleep too); where more than COVER_UNCOVERED_SHARE of the
@@ -109,7 +112,12 @@ and floored every shape shorter than it, and the synchronises' latency tripped `
 the 15 µs shape in all three. 0.4.1 floors at the least dispatch (0.010–0.017 ms in every
 process), stretches the sleep before giving up the cover, and takes the synchronises' latency off;
 recomputed from the same spans and dispatches, shapes spread 0.1–0.9% and the headline 0.3–0.5% —
-a projection until 0.4.1 grades on the GPU.
+a projection. Measured on the H200 (2026-12-02, `bench/gpu_grading.py --gpus 0 --cpu-load 4`): the
+four shapes of 20 µs and more spread 0.2–0.7% (0.5% at 19.6 µs), the grade 40.5 s (median), but the
+headline 7.61×/7.59×/7.19× (5.9%): in the third grading the 15 µs shape's least dispatch was
+0.0198 ms (0.0146 ms in the first), above its span, in a process whose dispatches were slow for a
+whole loop (the 33 µs shape's too, 0.0218 against 0.0153). 0.4.2 runs a loop the host bound again,
+up to FLOOR_WINDOWS loops after short sleeps, and keeps the least floor (`_covered`).
 """
 
 from __future__ import annotations
@@ -134,6 +142,8 @@ from .settings import (
     CPU_FLUSH_BYTES,
     CPU_TIMER,
     CUDA_TIMER,
+    FLOOR_WINDOW_PAUSE_MS,
+    FLOOR_WINDOWS,
     L2_FLUSH_FACTOR,
     MIN_FLUSH_BYTES,
     MIN_INPUT_SETS,
@@ -182,13 +192,14 @@ class Cover:
     calls of the GPU span between the call's events, of the host's dispatch (call to return), and
     of the sleep that covered it; the samples' floor (the least covered dispatch); `uncovered`
     counts calls whose dispatch outlasted most of the sleep (or that waited on the GPU), whose
-    sample is then the GPU span alone."""
+    sample is then the GPU span alone; `loops`, how many loops were run for the kept one."""
 
     gpu_ms: float
     dispatch_ms: float
     sleep_ms: float
     uncovered: int
     floor_ms: float  # the samples' floor, `dispatch_floor`
+    loops: int = 1  # covered loops run at this cover (more where the host bound the first: `_covered`)
 
 
 @dataclass(frozen=True)
@@ -293,8 +304,9 @@ def dispatch_floor(dispatch_ms: Sequence[float], sleeps_ms: Sequence[float]) -> 
     floor was the median dispatch; an honest Triton launch's median moved 0.013–0.048 ms between
     processes on an H200 host, and with it every shape whose GPU span is near that (the house
     03 kernel's 15 and 20 µs shapes: 28–33% between processes, the headline 8.8%), while its least
-    dispatch stayed 0.010–0.017 ms, under those spans. A call that does extra host work only some
-    of the time is not held to it (nor, below half the calls, was it by the median)."""
+    dispatch stayed 0.010–0.017 ms, under those spans (0.0198 ms in one loop of 2000 calls, in a
+    process slowed for the whole loop, hence `_covered`'s further loops). A call that does extra
+    host work only some of the time is not held to it (nor, below half the calls, was it by the median)."""
     covered = [d for d, sleep in zip(dispatch_ms, sleeps_ms, strict=True) if d < COVER_MARGIN * sleep]
     return min(covered, default=0.0)
 
@@ -319,7 +331,8 @@ def time_cuda(
     `cover_dispatch` (the grading method since 0.4.0): after the synchronise, the GPU sleeps
     (`torch.cuda._sleep`) for COVER_FACTOR times the host's measured dispatch of one call before the
     start event, so the call's launches are queued by the time it starts; a sample is
-    its GPU span, never below the loop's least host dispatch (`covered_samples`). Where more than
+    its GPU span, never below the loop's least host dispatch (`covered_samples`; a loop the host
+    bound runs again, `_covered`). Where more than
     COVER_UNCOVERED_SHARE of the calls outlasted their cover, the loop runs again behind a longer
     sleep, then (a call that waits on the GPU inside itself waits out any sleep) without it. Off:
     the call starts on an idle GPU and a sample is its whole latency (host dispatch plus GPU work),
@@ -344,11 +357,45 @@ def time_cuda(
     if cover_dispatch:
         cycles = _cover_cycles(fn, [feed.next_inputs() for _ in range(5)])
         for stretch in (1.0, COVER_RETRY_FACTOR):  # a loaded host's dispatch can outgrow the first cover
-            stats = _timed_loop(fn, feed, flush, iters, int(cycles * stretch))
-            assert stats.cover is not None
-            if stats.cover.uncovered <= COVER_UNCOVERED_SHARE * iters:
+            stats = _covered(fn, feed, flush, iters, int(cycles * stretch))
+            if stats is not None:
                 return stats, feed.last
     return _timed_loop(fn, feed, flush, iters, 0), feed.last
+
+
+def _covered(fn: Callable[..., Any], feed: Feed, flush: torch.Tensor, iters: int, cycles: int) -> TimeStats | None:
+    """The covered loop at `cycles` of sleep, or None where more than COVER_UNCOVERED_SHARE of its
+    calls outlasted the cover. Where the host bound it (its floor above the median GPU span, so the
+    floor is the median sample), it runs again, up to FLOOR_WINDOWS loops, each after a pause of
+    FLOOR_WINDOW_PAUSE_MS, and the covered loop with the least floor is kept: a process that spun
+    on a core shared with other work for a whole loop had every dispatch slowed (an H200 host with
+    4 busy processes: the same call's least dispatch 0.0198 ms in one grading, 0.0146 ms in the
+    others); asleep, it is woken where the scheduler finds an idle core."""
+    best: TimeStats | None = None
+    for loop in range(1, FLOOR_WINDOWS + 1):
+        if loop > 1:
+            time.sleep(FLOOR_WINDOW_PAUSE_MS / 1e3)
+        stats = _timed_loop(fn, feed, flush, iters, cycles)
+        assert stats.cover is not None
+        covered = stats.cover.uncovered <= COVER_UNCOVERED_SHARE * iters
+        if best is None and not covered:
+            return None  # the first loop outgrew its cover: the caller's longer sleep, not more loops
+        if best is None or (covered and stats.cover.floor_ms < _floor(best)):
+            best = stats
+        best = dataclasses.replace(best, cover=dataclasses.replace(_cover(best), loops=loop))
+        if _floor(best) <= _cover(best).gpu_ms:
+            break
+    return best
+
+
+def _cover(stats: TimeStats) -> Cover:
+    if stats.cover is None:
+        raise ValueError("a covered loop's stats without their cover")
+    return stats.cover
+
+
+def _floor(stats: TimeStats) -> float:
+    return _cover(stats).floor_ms
 
 
 def _timed_loop(fn: Callable[..., Any], feed: Feed, flush: torch.Tensor, iters: int, cover_cycles: int) -> TimeStats:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kernelboard.eval import timing
-from kernelboard.eval.settings import COVER_FACTOR, COVER_MIN_MS, COVER_RETRY_FACTOR
+from kernelboard.eval.settings import COVER_FACTOR, COVER_MIN_MS, COVER_RETRY_FACTOR, FLOOR_WINDOWS
 
 CYCLES_PER_MS = 1_000_000.0
 
@@ -31,6 +31,9 @@ class SimGpu:
     def perf_counter(self) -> float:
         self.now += self.tick
         return self.now / 1e3
+
+    def host_sleep(self, seconds: float) -> None:
+        self.now += seconds * 1e3
 
     def synchronize(self) -> None:
         self.now = max(self.now, self.gpu)
@@ -62,7 +65,7 @@ class SimEvent:
 @pytest.fixture
 def sim(monkeypatch: pytest.MonkeyPatch) -> SimGpu:
     gpu = SimGpu()
-    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=gpu.perf_counter))
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=gpu.perf_counter, sleep=gpu.host_sleep))
     monkeypatch.setattr(timing, "spin_up", lambda buffer, ms=0.0: None)
     monkeypatch.setattr(torch.cuda, "synchronize", gpu.synchronize)
     monkeypatch.setattr(torch.cuda, "_sleep", gpu.sleep)
@@ -95,6 +98,24 @@ def test_a_host_bound_call_is_floored_at_its_least_dispatch(sim: SimGpu) -> None
     assert stats.method == "covered" and stats.cover is not None
     assert stats.median_ms == pytest.approx(0.02, abs=1e-3) and stats.cover.floor_ms == pytest.approx(0.02, abs=1e-3)
     # (the median dispatch, the floor until 0.4.1, is 0.03 ms here: the host's jitter, not the call's cost)
+    assert stats.cover.loops == FLOOR_WINDOWS  # the host bound every loop: all of them were run
+
+
+def test_a_loop_the_host_slowed_throughout_is_run_again_and_the_least_floor_kept(sim: SimGpu) -> None:
+    """The first loop's every dispatch is slow (the process shared a busy core); the next is not."""
+    dispatch = iter([0.03] * CALIBRATION_CALLS + [0.03] * 40 + [0.016] * 40 + [0.018] * 40)
+    stats = _time(sim, lambda x: sim.launch(next(dispatch), 0.015))
+    assert stats.method == "covered" and stats.cover is not None and stats.cover.loops == 3
+    assert stats.cover.floor_ms == pytest.approx(0.016, abs=1e-3) and stats.median_ms == pytest.approx(0.016, abs=1e-3)
+    assert sim.calls == CALIBRATION_CALLS + 3 * 40
+
+
+def test_a_loop_the_gpu_bounds_ends_the_search(sim: SimGpu) -> None:
+    """A second loop whose floor is under the span ends the search: the GPU bounds it."""
+    dispatch = iter([0.03] * CALIBRATION_CALLS + [0.03] * 40 + [0.01] * 80)
+    stats = _time(sim, lambda x: sim.launch(next(dispatch), 0.02))
+    assert stats.cover is not None and stats.cover.loops == 2 and stats.median_ms == pytest.approx(0.02, abs=1e-3)
+    assert sim.calls == CALIBRATION_CALLS + 2 * 40
 
 
 def test_a_host_slower_than_its_calibration_gets_a_longer_sleep_not_the_synchronised_timer(sim: SimGpu) -> None:
