@@ -95,7 +95,7 @@ class Reply:
         v = self.header.get("cover")
         if v is None:
             return None
-        keys = {"gpu_ms", "dispatch_ms", "sleep_ms", "uncovered", "floor_ms", "loops"}
+        keys = {"gpu_ms", "dispatch_ms", "sleep_ms", "uncovered", "floor_ms", "launch_ms", "loops"}
         if not (isinstance(v, dict) and set(v) == keys
                 and all(type(x) in (int, float) and math.isfinite(x) and x >= 0 for x in v.values())):
             raise self._bad(f"'cover' is not null or an object of finite numbers ≥ 0 with keys {sorted(keys)}")

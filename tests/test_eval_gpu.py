@@ -302,7 +302,8 @@ def test_work_under_the_cover_is_in_the_figure(graded) -> None:
     call (a 0.1 ms busy-wait) beside side-stream work under the cover's sleep is floored by its least
     dispatch, which holds that work. Under 0.4.0 (the median dispatch as floor) it was timed at
     0.384 ms against 0.390 ms from an idle GPU to a device-wide synchronise, on the H200 of
-    2026-12-01; 0.4.1 floors at the least dispatch, so the figure holds at least the busy-wait."""
+    2026-12-01; 0.4.1 floors at the least dispatch, 0.4.2 at the least dispatch less one PyTorch
+    launch's (a few µs), so the figure holds at least the busy-wait less that."""
     root, rows = graded
     assert rows["under_cover"]["status"] == "pass"  # skips where the case was not graded
     shapes = load_all(root / "out")["shapes"].to_pylist()
@@ -313,5 +314,5 @@ def test_work_under_the_cover_is_in_the_figure(graded) -> None:
         elif run_id == "in_call_sync":
             assert s["timing_method"] == "synchronised", s
         elif run_id == "under_cover":
-            assert s["median_ms"] >= 0.1, (s["median_ms"], s["host_ms"])  # the busy-wait of every call
+            assert s["median_ms"] >= 0.09, (s["median_ms"], s["host_ms"])  # the busy-wait of every call
             assert s["median_ms"] >= 1.5 * by[("house", idx)]["median_ms"], (s["median_ms"], by[("house", idx)])

@@ -31,6 +31,20 @@ def test_a_covered_sample_is_the_gpu_span_never_below_the_least_dispatch() -> No
     assert timing.dispatch_floor([0.045, 0.050], [0.05, 0.05]) == 0.0  # no call was covered
 
 
+def test_the_floor_leaves_out_one_launch_so_the_hosts_speed_does_not_set_it() -> None:
+    """The same call on a fast and a slow host (every dispatch 1.6× longer, as the same 03 call's
+    least dispatch on one H200 machine, 0.0125 and 0.0207 ms): whole dispatches floored a 15 µs
+    kernel on the slow host only; less one launch's dispatch, neither."""
+    span = 0.0149
+    for scale in (1.0, 1.6):
+        dispatch, launch = [0.0125 * scale] * 4, 0.005 * scale
+        assert timing.covered_samples([span] * 4, dispatch, [0.1] * 4, launch) == [span] * 4
+    assert timing.covered_samples([span] * 4, [0.0207] * 4, [0.1] * 4) == [0.0207] * 4  # 0.4.1's floor
+    # ten launches and some planning cost the host 0.1 ms: nine launches' worth and more is charged
+    assert timing.dispatch_floor([0.1, 0.11], [0.5, 0.5], 0.005) == pytest.approx(0.095)
+    assert timing.dispatch_floor([0.004], [0.1], 0.005) == 0.0  # a launch cheaper than the sleep's
+
+
 def test_a_loaded_hosts_dispatch_jitter_does_not_move_a_span_near_it() -> None:
     """The house 03 kernel's 20 µs shape on an idle H200 host, three processes (bench/timing_methods.py,
     2026-12-01): medians of the dispatch 0.0258, 0.0212 and 0.0272 ms moved a median floor 27.5%; the
