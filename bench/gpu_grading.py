@@ -249,7 +249,9 @@ def summary(device: str, gpus: Sequence[str], gradings: Sequence[Grading], cpu_l
 def _busy_host(n: int) -> Iterator[None]:
     """`n` busy-looping processes while the gradings run: a host's load where no second GPU grades
     (a one-GPU machine), in place of the load lane's."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    # their own session: an interrupt of the bench (Ctrl-C, `timeout -s INT`) reaches the bench, which
+    # kills them, not them directly (four KeyboardInterrupt tracebacks in its log)
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(n)]
     try:
         yield
     finally:
@@ -259,7 +261,7 @@ def _busy_host(n: int) -> Iterator[None]:
 
 
 def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
+    return f"{n} {word}{'' if n == 1 else 'es' if word.endswith('s') else 's'}"
 
 
 def _where(device: str) -> str:
