@@ -136,3 +136,16 @@ def test_a_call_that_waits_on_the_gpu_inside_itself_is_timed_synchronised(sim: S
     assert stats.method == "synchronised" and stats.cover is None
     assert stats.median_ms == pytest.approx(0.11, rel=0.01)
     assert sim.calls == CALIBRATION_CALLS + 3 * 40
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: a lie told inside the timed loop (eval/timing.py, 'Evidence "
+                   "the runner cannot forge'); the judge's floor batches log the host cost beside the median")
+def test_a_candidate_that_slows_the_covers_launch_keeps_its_host_work_charged(sim: SimGpu, monkeypatch) -> None:
+    """0.4.2 takes one launch's dispatch (the sleep's, timed in the runner) off the floor. Candidate
+    code in the runner can wrap `torch.cuda._sleep` in 0.1 ms of host time, so that its own 0.1 ms
+    of host work per call is taken off too; the figure should still hold that work."""
+    real_sleep = torch.cuda._sleep
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: (sim.host_sleep(1e-4), real_sleep(cycles)))
+    dispatch = iter([0.1] * 1000)
+    stats = _time(sim, lambda x: sim.launch(next(dispatch), 0.005))
+    assert stats.median_ms >= 0.09
