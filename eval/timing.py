@@ -382,10 +382,12 @@ def _covered(fn: Callable[..., Any], feed: Feed, flush: torch.Tensor, iters: int
     """The covered loop at `cycles` of sleep, or None where more than COVER_UNCOVERED_SHARE of its
     calls outlasted the cover. Where the host bound it (its floor above the median GPU span, so the
     floor is the median sample), it runs again, up to FLOOR_WINDOWS loops, each after a pause of
-    FLOOR_WINDOW_PAUSE_MS, and the covered loop with the least floor is kept: a process that spun
-    on a core shared with other work for a whole loop had every dispatch slowed (an H200 host with
-    4 busy processes: the same call's least dispatch 0.0198 ms in one grading, 0.0146 ms in the
-    others); asleep, it is woken where the scheduler finds an idle core."""
+    FLOOR_WINDOW_PAUSE_MS, and the covered loop with the least floor is kept: a host can be slow
+    for a whole loop (an H200 KVM guest with 4 busy processes: the same call's least dispatch
+    0.0198 ms in one grading, 0.0146 ms in the others), and a later loop, after the process slept,
+    may not be. Alone this did not steady the figure (under 0.4.2 before the launch was taken off,
+    three loops still floored the 15 µs shape at 0.0179 and 0.0211 ms in two gradings); with the
+    floor less one launch's dispatch, a loop rarely binds, and this is the second line."""
     best: TimeStats | None = None
     for loop in range(1, FLOOR_WINDOWS + 1):
         if loop > 1:
