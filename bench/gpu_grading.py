@@ -21,6 +21,8 @@ at least once each. The tables come from each folder's results and shapes parque
 `--device cpu` run grades the fidelity runs on the CPU shapes without a load (unless
 `--load-only` asks for one, on the CPU too): a smoke test, not a measurement. On a host with one GPU,
 `--gpus 0 --cpu-load N` keeps N busy-looping processes running instead of the second GPU's load.
+An interrupt (Ctrl-C, SIGINT, or SIGTERM as a device's time limit sends) stops the gradings still
+running and reports those that finished (`"interrupted": true` in the JSON; exit 130).
 
     python3 bench/gpu_grading.py --gpus 0,1 --json fidelity.json
     python3 bench/gpu_grading.py --gpus 0 --cpu-load 4 --json fidelity.json    # one GPU
@@ -233,9 +235,10 @@ def findings(gradings: Sequence[Grading]) -> list[str]:
             for g in gradings if g.status != "pass"]
 
 
-def summary(device: str, gpus: Sequence[str], gradings: Sequence[Grading], cpu_load: int = 0) -> dict[str, Any]:
-    """Everything printed, as JSON-ready data."""
-    return {"device": device, "gpus": list(gpus), "cpu_load": cpu_load,
+def summary(device: str, gpus: Sequence[str], gradings: Sequence[Grading], cpu_load: int = 0,
+            interrupted: bool = False) -> dict[str, Any]:
+    """Everything printed, as JSON-ready data (`interrupted`: only the gradings that finished)."""
+    return {"device": device, "gpus": list(gpus), "cpu_load": cpu_load, "interrupted": interrupted,
             "targets": {"shape_spread_max": SHAPE_SPREAD_MAX, "shape_floor_ms": SHAPE_FLOOR_MS,
                         "headline_spread_max": HEADLINE_SPREAD_MAX, "grade_seconds": TARGET_S,
                         "original_harness_seconds": ORIGINAL_S},
@@ -243,6 +246,17 @@ def summary(device: str, gpus: Sequence[str], gradings: Sequence[Grading], cpu_l
             "grade_time": [asdict(f) for f in grade_time_figures(gradings, device)],
             "findings": findings(gradings),
             "gradings": [asdict(g) for g in gradings]}
+
+
+@contextlib.contextmanager
+def _interrupt_on_sigterm() -> Iterator[None]:
+    """SIGTERM (`timeout`'s default, a device's time limit) interrupts like Ctrl-C, so the gradings
+    that finished are still reported."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
@@ -388,9 +402,12 @@ def _short(run_id: str) -> str:
 
 
 def grade_all(cfg: _Config, fidelity_runs: Sequence[str], n: int, load_runs: Sequence[str],
-              console: Console) -> list[Grading]:
+              console: Console) -> tuple[list[Grading], bool]:
     """The fidelity gradings on the first device, one after another, rounds interleaved; meanwhile the
-    load on the last device, one call per submission, cycling while they run and at least once each."""
+    load on the last device, one call per submission, cycling while they run and at least once each.
+    Returns the gradings that finished and whether an interrupt (Ctrl-C, SIGINT or SIGTERM, as a
+    device's time limit sends) cut the rest short: the calls then running are stopped, and what
+    finished is still reported."""
     fidelity = [(run_id, r) for r in range(1, n + 1) for run_id in fidelity_runs]
     load_device = cfg.gpus[-1]
     running: dict[str, _Call | None] = {"load": None, "fidelity": None}
@@ -445,9 +462,13 @@ def grade_all(cfg: _Config, fidelity_runs: Sequence[str], n: int, load_runs: Seq
                             console.print(f"  {lane}: grading {_short(started_call.run_id)} #{started_call.round}"
                                           f"{total} on {_where(started_call.device)} …", highlight=False)
                 if all(c is None for c in running.values()):
-                    return gradings
+                    return gradings, False
                 status.update(waiting())
                 time.sleep(0.5)
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted: the calls still running are stopped; the {len(gradings)} "
+                      "that finished are reported[/]")
+        return gradings, True
     finally:
         for call in running.values():
             if call is not None and call.proc.poll() is None:
@@ -542,13 +563,13 @@ def cli(device: str, gpus: str | None, fidelity_globs: tuple[str, ...], gradings
         load += f"; {_plural(cpu_load, 'busy-looping process')} on the host" if cpu_load else ""
         console.print(f"grading {_plural(len(fidelity_runs), 'fidelity run')} {gradings}× on {_where(devices[0])}"
                       f"{load}")
-        with _busy_host(cpu_load):
-            graded = grade_all(cfg, fidelity_runs, gradings, load_runs, console)
+        with _busy_host(cpu_load), _interrupt_on_sigterm():
+            graded, interrupted = grade_all(cfg, fidelity_runs, gradings, load_runs, console)
     where = "CPU shapes, CPU timings: a smoke test" if device == "cpu" else f"GPU {devices[0]}"
     with_load = f", load on GPU {devices[-1]}" if load_runs and device == "cuda" else ""
     with_load += f", {_plural(cpu_load, 'busy process')} on the host" if cpu_load else ""
     for fig in fidelity_figures(graded):
-        title = f"fidelity: {_short(fig.run_id)}, {len(fig.statuses)} gradings on {where}{with_load}"
+        title = f"fidelity: {_short(fig.run_id)}, {_plural(len(fig.statuses), 'grading')} on {where}{with_load}"
         out.print(fidelity_table(fig, title))
     out.print(grade_time_table(grade_time_figures(graded, device),
                                f"grade time per submission ({len(graded)} gradings; targets on the GPU only)"))
@@ -556,10 +577,12 @@ def cli(device: str, gpus: str | None, fidelity_globs: tuple[str, ...], gradings
         out.print(f"[red]finding:[/] {escape(line)}", highlight=False)
     if json_path is not None:
         tmp = json_path.with_name(f".{json_path.name}.tmp")
-        figures = summary(device, devices, graded, cpu_load)
+        figures = summary(device, devices, graded, cpu_load, interrupted)
         tmp.write_text(json.dumps(figures, sort_keys=True, indent=1, default=str) + "\n")
         os.replace(tmp, json_path)
         out.print(f"summary written to {json_path}")
+    if interrupted:
+        raise click.Abort  # after the figures: `main` says "interrupted" and exits 130
     if any(g.status == "no row" for g in graded):
         raise click.ClickException("a kernelboard eval call wrote no row (see the findings above)")
 

@@ -8,6 +8,7 @@ import importlib.util
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -166,3 +167,30 @@ def test_a_cpu_run_grades_a_tiny_submission_twice_and_never_writes_into_results(
     assert (tmp_path / "work" / "seed" / "cpu" / "baselines.parquet").exists()
     assert sorted(p.name for p in (tmp_path / "work" / "logs").iterdir()) == [
         "fidelity-1-tiny.log", "fidelity-2-tiny.log", "seed-baselines.log"]
+
+
+@pytest.mark.slow  # the bench script end to end
+def test_an_interrupted_run_still_reports_the_gradings_that_finished(tmp_path: Path) -> None:
+    """A device's time limit interrupts the bench (SIGINT here; SIGTERM is handled alike): the grading
+    then running is stopped, the one that finished is printed and written, and the exit is 130."""
+    deck = copy_deck(tmp_path, ("07_w4a16_gemm",))
+    write_submission(tmp_path / "subs" / "tiny", "07_w4a16_gemm", REEXPORT)
+    summary = tmp_path / "summary.json"
+    (tmp_path / "results").mkdir()
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--device", "cpu", "--deck", str(deck), "--submissions",
+                             str(tmp_path / "subs"), "--results", str(tmp_path / "results"), "--fidelity-run", "tiny",
+                             "--gradings", "3", "--json", str(summary)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:  # progress lines: the first grading's result, then the second one's start
+        seen.append(line)
+        if "grading tiny #2/3" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(seen) + err
+    assert "interrupted: the calls still running are stopped; the 1 that finished are reported" in err
+    data = json.loads(summary.read_text())
+    assert data["interrupted"] is True and [g["status"] for g in data["gradings"]] == ["pass"]
+    assert "fidelity: tiny, 1 grading on" in out and "gpu_grading.py: interrupted" in err
