@@ -138,8 +138,8 @@ class FreshFeed(Feed):
         self.taken: list[list[torch.Tensor | None]] = []
 
     def start_timed(self) -> None:
-        """A timed loop begins (a covered loop that is run again begins more than once): only the
-        last loop's probes go to the judge."""
+        """A timed loop begins (a covered loop that is run again begins more than once): the
+        probes of the loop whose times are kept go to the judge (`checkpoint`, `restore`)."""
         super().start_timed()
         self.taken = []
 
@@ -152,6 +152,13 @@ class FreshFeed(Feed):
                     dst.copy_(src)
         return [dst if isinstance(dst, torch.Tensor) else src
                 for dst, src in zip(self.live, self.pool[j], strict=True)]
+
+    def checkpoint(self) -> Any:
+        return self.taken, list(self.last)  # start_timed makes a new `taken`: this one stays as it is
+
+    def restore(self, state: Any) -> None:
+        self.taken, last = state
+        self.last = list(last)
 
     def seen(self, out: Any, remaining: int) -> None:
         j = (self.calls - 1) % len(self.pool)

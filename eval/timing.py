@@ -19,7 +19,8 @@ Method of `time_cuda` (Triton's `do_bench` pattern, made stricter):
    least whole dispatch in 0.4.1), since a call costs the host work it does beyond one launch in a
    stream of calls, while the host's own speed is not the kernel's; where that floor is above the
    median GPU span (the host bound the loop), the loop runs again, FLOOR_WINDOWS loops at most,
-   each after a short sleep, and the one with the least floor is kept (since 0.4.2: `_covered`).
+   each after a short sleep, and the one with the least floor is kept (since 0.4.2: `_covered`),
+   with its outputs and probes for the judge's checks (since 0.4.3: `Feed.checkpoint`).
    A result computed on the
    CPU cannot hide behind the sleep: reading the inputs waits for the GPU, so for the sleep.
    A call whose dispatch outlasts COVER_MARGIN of its sleep was not covered, or waited on the GPU
@@ -189,6 +190,14 @@ class Feed:
         """A timed call's output, before the next call (outside the timed region); `remaining`
         timed calls follow it."""
         self.last[(self.calls - 1) % len(self.sets)] = out
+
+    def checkpoint(self) -> Any:
+        """What a timed loop left for the caller's checks; `restore` brings it back, so that the
+        outputs checked are those of the loop whose times are kept, not of a later loop."""
+        return list(self.last)
+
+    def restore(self, state: Any) -> None:
+        self.last = list(state)
 
     def done(self) -> None:
         """After the timed loop (the device synchronised)."""
@@ -389,6 +398,7 @@ def _covered(fn: Callable[..., Any], feed: Feed, flush: torch.Tensor, iters: int
     three loops still floored the 15 µs shape at 0.0179 and 0.0211 ms in two gradings); with the
     floor less one launch's dispatch, a loop rarely binds, and this is the second line."""
     best: TimeStats | None = None
+    kept: Any = None  # the feed's checkpoint after the kept loop: its outputs are the ones checked
     for loop in range(1, FLOOR_WINDOWS + 1):
         if loop > 1:
             time.sleep(FLOOR_WINDOW_PAUSE_MS / 1e3)
@@ -398,10 +408,11 @@ def _covered(fn: Callable[..., Any], feed: Feed, flush: torch.Tensor, iters: int
         if best is None and not covered:
             return None  # the first loop outgrew its cover: the caller's longer sleep, not more loops
         if best is None or (covered and stats.cover.floor_ms < _floor(best)):
-            best = stats
+            best, kept = stats, feed.checkpoint()
         best = dataclasses.replace(best, cover=dataclasses.replace(_cover(best), loops=loop))
         if _floor(best) <= _cover(best).gpu_ms:
             break
+    feed.restore(kept)  # a loop with wrong outputs and a low floor must not be kept unchecked
     return best
 
 

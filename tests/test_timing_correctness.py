@@ -181,3 +181,25 @@ def test_an_aliased_sdpa_is_seen_by_the_function_mode() -> None:
 
     ops, out = op_log(attend, [torch.randn(1, 2, 3, 4)])
     assert "torch:scaled_dot_product_attention" in ops and out.shape == (1, 2, 3, 4)
+
+
+def test_the_runners_feed_hands_the_judge_the_kept_loops_probes_and_outputs() -> None:
+    """A covered loop run again (timing._covered) keeps an earlier loop's times: the runner's feed
+    must then give the judge that loop's probes and last outputs, not the last loop's."""
+    from kernelboard.eval.runner import FreshFeed, _Probe
+
+    pool = [[torch.full((4,), float(i))] for i in range(3)]
+    feed = FreshFeed(pool, [_Probe([[7, 4]], "cpu") for _ in range(3)])
+
+    def loop(offset: float) -> None:
+        feed.start_timed()
+        for i in range(3):
+            (x,) = feed.next_inputs()
+            feed.seen(x + offset, 2 - i)
+
+    loop(100.0)
+    kept = feed.checkpoint()
+    loop(200.0)
+    feed.restore(kept)
+    assert len(feed.taken) == 3 and all(100 <= float(t[0].max()) < 200 for t in feed.taken)
+    assert [float(out[0]) for out in feed.last] == [100.0, 101.0, 102.0]

@@ -110,6 +110,24 @@ def test_a_loop_the_host_slowed_throughout_is_run_again_and_the_least_floor_kept
     assert sim.calls == CALIBRATION_CALLS + 3 * 40
 
 
+
+def test_the_outputs_checked_are_those_of_the_loop_whose_times_are_kept(sim: SimGpu) -> None:
+    """Only the kept loop's outputs go to the judge: a candidate whose first loop returns garbage
+    behind a low floor, then computes honestly behind a high one, must be checked on the garbage."""
+    loops = iter([1] * CALIBRATION_CALLS + [1] * 40 + [2] * 40 + [3] * 40)
+    floors = {1: 0.016, 2: 0.03, 3: 0.03}  # loop 1: the least floor, all three host-bound
+
+    def call(x):
+        loop = next(loops)
+        sim.launch(floors[loop], 0.005)
+        return f"loop {loop}"
+
+    sets = [[torch.zeros(1)], [torch.ones(1)], [torch.ones(1)]]
+    stats, last = timing.time_cuda(call, sets, l2_bytes=1024, warmup_ms=0.0, min_warmup=3, rep_ms=1.0,
+                                   min_iters=40, max_iters=40)
+    assert stats.cover is not None and stats.cover.loops == 3 and stats.cover.floor_ms == pytest.approx(0.016, abs=1e-3)
+    assert last == ["loop 1"] * 3
+
 def test_a_loop_the_gpu_bounds_ends_the_search(sim: SimGpu) -> None:
     """A second loop whose floor is under the span ends the search: the GPU bounds it."""
     dispatch = iter([0.03] * CALIBRATION_CALLS + [0.03] * 40 + [0.01] * 80)
