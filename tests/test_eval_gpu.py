@@ -191,6 +191,32 @@ def _under_cover(self, query, kv_cache, block_table, seq_lens):
     return _forward_uc(self, query, kv_cache, block_table, seq_lens)
 Model.forward = _under_cover
 """,
+    # Grader 0.4.2 ran a host-bound covered loop again and kept the loop with the least floor, but
+    # checked the last loop's outputs: this one returns a stale output behind a short host spin in
+    # its first timed loop (a low floor, kept), then computes honestly behind a longer spin. 0.4.3
+    # checks the kept loop's outputs.
+    "stale_first_loop": HOUSE_SOURCE + """
+import sys as _sys
+import time as _time_sf
+_forward_sf = Model.forward
+_sf = {"loops": 0, "out": None}
+def _stale_first(self, query, kv_cache, block_table, seq_lens):
+    frame = _sys._getframe(1)
+    while frame is not None and frame.f_code.co_name != "_timed_loop":
+        frame = frame.f_back
+    if frame is None:
+        return _forward_sf(self, query, kv_cache, block_table, seq_lens)
+    if frame.f_locals.get("i") == 0:
+        _sf["loops"] += 1
+    t = _time_sf.perf_counter()
+    while _time_sf.perf_counter() - t < (3e-5 if _sf["loops"] == 1 else 2e-4):
+        pass
+    if _sf["loops"] == 1 and _sf["out"] is not None:
+        return _sf["out"]
+    _sf["out"] = _forward_sf(self, query, kv_cache, block_table, seq_lens)
+    return _sf["out"]
+Model.forward = _stale_first
+""",
 }
 
 EXPECTED = {"house": "pass", "illegal_access": "runtime_error", "reference": "forbidden",
@@ -199,7 +225,8 @@ EXPECTED = {"house": "pass", "illegal_access": "runtime_error", "reference": "fo
             "side_stream_light": ("wrong", "integrity_violation", "forbidden"),
             "pointer_keyed_cache": "wrong", "stale_graph_replay": "wrong",
             "persisting_l2_window": ("pass", "integrity_violation"),
-            "in_call_sync": "pass", "graph_on_input_pointers": "pass", "under_cover": "pass"}
+            "in_call_sync": "pass", "graph_on_input_pointers": "pass", "under_cover": "pass",
+            "stale_first_loop": "wrong"}
 
 
 class _Graded(dict):
