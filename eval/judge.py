@@ -368,8 +368,7 @@ def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sta
         log("worker", f"{where}: covered loop: GPU span {cover['gpu_ms']:.4f} ms, dispatch {cover['dispatch_ms']:.4f} "
                       f"ms, sleep {cover['sleep_ms']:.4f} ms (medians), the samples' floor {cover['floor_ms']:.4f} ms "
                       f"(the least dispatch less one launch's {cover['launch_ms']:.4f} ms{_loops(cover['loops'])}), "
-                      f"{cover['uncovered']:.0f} of "
-                      f"{stats.iterations} calls outlasted their cover")
+                      f"{cover['uncovered']:.0f} of {stats.iterations} calls outlasted their cover")
     elif device == "cuda":
         log("worker", f"{where}: timed with the GPU idle before each call: more than "
                       f"{COVER_UNCOVERED_SHARE:.0%} of the covered calls outlasted their cover")

@@ -20,9 +20,9 @@ Method of `time_cuda` (Triton's `do_bench` pattern, made stricter):
    stream of calls, while the host's own speed is not the kernel's; where that floor is above the
    median GPU span (the host bound the loop), the loop runs again, FLOOR_WINDOWS loops at most,
    each after a short sleep, and the one with the least floor is kept (since 0.4.2: `_covered`),
-   with its outputs and probes for the judge's checks (since 0.4.3: `Feed.checkpoint`).
-   A result computed on the
-   CPU cannot hide behind the sleep: reading the inputs waits for the GPU, so for the sleep.
+   with its outputs and probes for the judge's checks (since 0.4.3: `Feed.checkpoint`). A result
+   computed on the CPU cannot hide behind the sleep: reading the inputs waits for the GPU, so for
+   the sleep.
    A call whose dispatch outlasts COVER_MARGIN of its sleep was not covered, or waited on the GPU
    inside itself (which waits out the sleep too); where more than COVER_UNCOVERED_SHARE of the
    calls were so, the loop runs again behind a sleep COVER_RETRY_FACTOR times longer (since
@@ -216,7 +216,7 @@ class Cover:
     sleep_ms: float
     uncovered: int
     floor_ms: float  # the samples' floor, `dispatch_floor`
-    launch_ms: float = 0.0  # the least dispatch of one PyTorch launch (the sleep's), which the floor leaves out
+    launch_ms: float  # the least dispatch of one PyTorch launch (the sleep's), which the floor leaves out
     loops: int = 1  # covered loops run at this cover (more where the host bound the first: `_covered`)
 
 
@@ -311,8 +311,12 @@ def covered_samples(spans_ms: Sequence[float], dispatch_ms: Sequence[float],
     dispatch took COVER_MARGIN of its sleep or more (it outgrew the cover, or waited on the GPU,
     which the sleep itself delays), its GPU span already holds the GPU's wait for its launches,
     and is its sample."""
-    floor = dispatch_floor(dispatch_ms, sleeps_ms, launch_ms)
-    return [span if d >= COVER_MARGIN * sleep else max(span, floor)
+    return _floored(spans_ms, dispatch_ms, sleeps_ms, dispatch_floor(dispatch_ms, sleeps_ms, launch_ms))
+
+
+def _floored(spans_ms: Sequence[float], dispatch_ms: Sequence[float], sleeps_ms: Sequence[float],
+             floor_ms: float) -> list[float]:
+    return [span if d >= COVER_MARGIN * sleep else max(span, floor_ms)
             for span, d, sleep in zip(spans_ms, dispatch_ms, sleeps_ms, strict=True)]
 
 
@@ -355,9 +359,9 @@ def time_cuda(
     `cover_dispatch` (the grading method since 0.4.0): after the synchronise, the GPU sleeps
     (`torch.cuda._sleep`) for COVER_FACTOR times the host's measured dispatch of one call before the
     start event, so the call's launches are queued by the time it starts; a sample is
-    its GPU span, never below the loop's least host dispatch (`covered_samples`; a loop the host
-    bound runs again, `_covered`). Where more than
-    COVER_UNCOVERED_SHARE of the calls outlasted their cover, the loop runs again behind a longer
+    its GPU span, never below the loop's least host dispatch less one launch's (`covered_samples`;
+    a loop the host bound runs again, `_covered`). Where more than COVER_UNCOVERED_SHARE of the
+    calls outlasted their cover, the loop runs again behind a longer
     sleep, then (a call that waits on the GPU inside itself waits out any sleep) without it. Off:
     the call starts on an idle GPU and a sample is its whole latency (host dispatch plus GPU work),
     the method before 0.4.0."""
@@ -397,33 +401,21 @@ def _covered(fn: Callable[..., Any], feed: Feed, flush: torch.Tensor, iters: int
     may not be. Alone this did not steady the figure (under 0.4.2 before the launch was taken off,
     three loops still floored the 15 µs shape at 0.0179 and 0.0211 ms in two gradings); with the
     floor less one launch's dispatch, a loop rarely binds, and this is the second line."""
-    best: TimeStats | None = None
-    kept: Any = None  # the feed's checkpoint after the kept loop: its outputs are the ones checked
-    for loop in range(1, FLOOR_WINDOWS + 1):
-        if loop > 1:
+    runs: list[tuple[TimeStats, Cover, Any]] = []  # each covered loop: stats, cover, the feed's checkpoint
+    for loops in range(1, FLOOR_WINDOWS + 1):
+        if loops > 1:
             time.sleep(FLOOR_WINDOW_PAUSE_MS / 1e3)
         stats = _timed_loop(fn, feed, flush, iters, cycles)
         assert stats.cover is not None
-        covered = stats.cover.uncovered <= COVER_UNCOVERED_SHARE * iters
-        if best is None and not covered:
+        if stats.cover.uncovered <= COVER_UNCOVERED_SHARE * iters:
+            runs.append((stats, stats.cover, feed.checkpoint()))
+        elif not runs:
             return None  # the first loop outgrew its cover: the caller's longer sleep, not more loops
-        if best is None or (covered and stats.cover.floor_ms < _floor(best)):
-            best, kept = stats, feed.checkpoint()
-        best = dataclasses.replace(best, cover=dataclasses.replace(_cover(best), loops=loop))
-        if _floor(best) <= _cover(best).gpu_ms:
+        best, cover, state = min(runs, key=lambda run: run[1].floor_ms)  # the first of equal floors
+        if cover.floor_ms <= cover.gpu_ms:
             break
-    feed.restore(kept)  # a loop with wrong outputs and a low floor must not be kept unchecked
-    return best
-
-
-def _cover(stats: TimeStats) -> Cover:
-    if stats.cover is None:
-        raise ValueError("a covered loop's stats without their cover")
-    return stats.cover
-
-
-def _floor(stats: TimeStats) -> float:
-    return _cover(stats).floor_ms
+    feed.restore(state)  # a loop with wrong outputs and a low floor must not be kept unchecked
+    return dataclasses.replace(best, cover=dataclasses.replace(cover, loops=loops))
 
 
 def _timed_loop(fn: Callable[..., Any], feed: Feed, flush: torch.Tensor, iters: int, cover_cycles: int) -> TimeStats:
@@ -460,10 +452,11 @@ def _timed_loop(fn: Callable[..., Any], feed: Feed, flush: torch.Tensor, iters: 
     if not cover_cycles:
         return dataclasses.replace(summarize(spans, wall_ms), method="synchronised")
     sleeps = [g.elapsed_time(s) for g, s in zip(gates, starts, strict=True)]
-    samples = covered_samples(spans, dispatch, sleeps, min(launch))
+    least_launch = min(launch)
+    floor = dispatch_floor(dispatch, sleeps, least_launch)
+    samples = _floored(spans, dispatch, sleeps, floor)
     cover = Cover(statistics.median(spans), statistics.median(dispatch), statistics.median(sleeps),
-                  sum(d >= COVER_MARGIN * s for d, s in zip(dispatch, sleeps, strict=True)),
-                  dispatch_floor(dispatch, sleeps, min(launch)), min(launch))
+                  sum(d >= COVER_MARGIN * s for d, s in zip(dispatch, sleeps, strict=True)), floor, least_launch)
     return dataclasses.replace(summarize(samples, wall_ms), cover=cover, method="covered")
 
 
