@@ -260,9 +260,9 @@ def _interrupt_on_sigterm() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _busy_host(n: int) -> Iterator[None]:
+def busy_host(n: int) -> Iterator[None]:
     """`n` busy-looping processes while the gradings run: a host's load where no second GPU grades
-    (a one-GPU machine), in place of the load lane's."""
+    (a one-GPU machine), in place of the load lane's (bench/timing_methods.py's `--cpu-load` too)."""
     # their own session: an interrupt of the bench (Ctrl-C, `timeout -s INT`) reaches the bench, which
     # kills them, not them directly (four KeyboardInterrupt tracebacks in its log)
     procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(n)]
@@ -563,7 +563,7 @@ def cli(device: str, gpus: str | None, fidelity_globs: tuple[str, ...], gradings
         load += f"; {_plural(cpu_load, 'busy-looping process')} on the host" if cpu_load else ""
         console.print(f"grading {_plural(len(fidelity_runs), 'fidelity run')} {gradings}× on {_where(devices[0])}"
                       f"{load}")
-        with _busy_host(cpu_load), _interrupt_on_sigterm():
+        with busy_host(cpu_load), _interrupt_on_sigterm():
             graded, interrupted = grade_all(cfg, fidelity_runs, gradings, load_runs, console)
     where = "CPU shapes, CPU timings: a smoke test" if device == "cpu" else f"GPU {devices[0]}"
     with_load = f", load on GPU {devices[-1]}" if load_runs and device == "cuda" else ""

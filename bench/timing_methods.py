@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing
 import os
 import statistics
 import subprocess
@@ -41,17 +40,13 @@ from pathlib import Path
 from typing import Any
 
 import click
+from gpu_grading import busy_host  # bench/ is this script's sys.path[0]
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SUBMISSION = REPO / "data/submissions/hard/20261129_190000_house_kernelboard-house_03_paged_attention"
 METHODS = ("synchronised", "covered")
 #: Input sets drawn per shape (the grader's timing pool has three).
 SETS = 3
-
-
-def _busy() -> None:
-    while True:
-        pass
 
 
 class DispatchLog:
@@ -150,11 +145,8 @@ def main(submission: Path, processes: int, cpu_load: int, json_path: Path | None
     if is_child:
         print(json.dumps(child(submission, device, methods)))
         return
-    load = [multiprocessing.Process(target=_busy, daemon=True) for _ in range(cpu_load)]
-    for p in load:
-        p.start()
     runs: list[dict[str, Any]] = []
-    try:
+    with busy_host(cpu_load):
         for i in range(processes):
             click.echo(f"process {i + 1} of {processes}: timing {submission.name} and its eager reference …")
             done = subprocess.run([sys.executable, __file__, "--child", "--submission", str(submission),
@@ -164,9 +156,6 @@ def main(submission: Path, processes: int, cpu_load: int, json_path: Path | None
             if done.returncode != 0:
                 raise click.ClickException(f"process {i + 1} failed:\n{done.stderr[-3000:]}")
             runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    finally:
-        for p in load:
-            p.terminate()
     figures: dict[str, Any] = {"submission": submission.name, "processes": processes, "cpu_load": cpu_load,
                                "methods": list(methods),
                                "shapes": {}, "headline": {}}

@@ -121,10 +121,10 @@ def _busy_children() -> int:
 def test_cpu_load_keeps_busy_processes_only_while_the_gradings_run() -> None:
     """`--cpu-load N` on a one-GPU host: N busy loops during the gradings, none left after (an
     exception inside included); the JSON summary says how many."""
-    with bench._busy_host(2):
+    with bench.busy_host(2):
         assert _busy_children() == 2
     assert _busy_children() == 0
-    with pytest.raises(RuntimeError), bench._busy_host(1):
+    with pytest.raises(RuntimeError), bench.busy_host(1):
         raise RuntimeError("a grading failed")
     assert _busy_children() == 0
     assert bench.summary("cuda", ["0"], [], cpu_load=4)["cpu_load"] == 4
