@@ -6,7 +6,7 @@ are; the real timer is verified on the H200 (tests/test_eval_gpu.py)."""
 from __future__ import annotations
 
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -26,7 +26,6 @@ class SimGpu:
     gpu: float = 0.0
     tick: float = 1e-4  # each host clock read costs a little time, so wall-clock loops end
     calls: int = 0
-    events: list[float] = field(default_factory=list)
 
     def perf_counter(self) -> float:
         self.now += self.tick
