@@ -23,7 +23,7 @@ GRADER_VERSION = __version__
 #: covered sample's floor is the least dispatch, not the median (a line whose dispatch nears its
 #: GPU time, as eager lines of many small ops can, would be floored differently); since 0.4.2 a loop
 #: the host bound is run up to FLOOR_WINDOWS times, the least floor kept (such lines again); 0.4.3
-#: checks the kept loop's outputs, which changes no baseline.
+#: checks the kept loop's outputs and 0.4.4 bounds the probes' normalised error, which change no baseline.
 BASELINE_METHOD_SINCE: dict[str, str] = {"eager": "0.4.2", "compile": "0.4.2", "library": "0.4.2"}
 
 #: The reference is timed eager and through torch.compile; the headline is the faster compile mode.

@@ -50,11 +50,13 @@ change, an output cache keyed on tensor identity, data pointer or `_version`, or
 a timing function is on the stack, hands back an output for other values. After each call (outside
 the timed region, before the next call) the runner reads PROBE_ELEMENTS elements of each output
 part at positions seeded by the judge, which checks them against the reference under the
-problem's tolerance (correctness.probe_problem — the rule every output is held to, so it never
-refuses an honest output): every timed output is verified, for the price of a gather per call
-instead of a full comparison (a GPU loop makes up to 2000 calls), and the last output for each
-pool set is also copied and compared in full. A stale output with a fraction f of its elements
-off passes one call's probe with probability (1 − f)^PROBE_ELEMENTS. Chosen over a fresh seed
+problem's tolerance and, since 0.4.4, within PROBE_REL_ERR_MAX of the reference's norm
+(correctness.probe_problem: 0.25, ten times the worst honest error measured; a deck's atol can
+dwarf its outputs, and 03's let an output of other inputs, or zeros, pass every probe): every
+timed output is verified, for the price of a gather per call instead of a full comparison (a GPU
+loop makes up to 2000 calls), and the last output for each pool set is also copied and compared
+in full. A stale output with a fraction f of its elements off passes one call's element-wise
+probe with probability (1 − f)^PROBE_ELEMENTS. Chosen over a fresh seed
 per call (a reference per timed call would cost the judge as much as the timing) and over K
 static sets (values repeat, so an identity cache hits). A cache keyed on a fingerprint of the
 values can still serve the pool's repeats; the floor below sees it, as its batches run on values

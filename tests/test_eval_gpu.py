@@ -194,7 +194,8 @@ Model.forward = _under_cover
     # Grader 0.4.2 ran a host-bound covered loop again and kept the loop with the least floor, but
     # checked the last loop's outputs: this one returns a stale output behind a short host spin in
     # its first timed loop (a low floor, kept), then computes honestly behind a longer spin. 0.4.3
-    # checks the kept loop's outputs.
+    # checks the kept loop's outputs, yet passed it on the H200 (3.78×): 03's outputs are below its
+    # atol, so one input set's output passed the other sets' probes. 0.4.4 bounds the probes' norm.
     "stale_first_loop": HOUSE_SOURCE + """
 import sys as _sys
 import time as _time_sf
@@ -300,11 +301,13 @@ def test_a_graph_keyed_on_input_pointers_is_timed_at_its_replay_not_its_capture(
         assert ms <= 1.15 * house[idx], (idx, ms, house[idx])
 
 
-@pytest.mark.parametrize("name", ["side_stream", "reference", "illegal_access"])
+@pytest.mark.parametrize("name", ["side_stream", "reference", "illegal_access", "stale_first_loop"])
 def test_messages_name_the_mechanism(graded, name: str) -> None:
     _, rows = graded
     message = rows[name]["message"]
-    if name == "side_stream":
+    if name == "stale_first_loop":
+        assert "timed call" in message and "reference's norm away" in message
+    elif name == "side_stream":
         assert any(m in message for m in ("escaped the timed stream", "the judge's clock"))
     elif name == "reference":
         assert "no kernel of its own ran" in message

@@ -132,6 +132,61 @@ def test_a_probe_never_refuses_an_output_within_tolerance() -> None:
                                                                 0.02, 0.02)
 
 
+def _paged_attention_outputs(seeds: tuple[int, ...]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """03's reference at its first H200 shape (Llama-3 8B decode, 1024 tokens), run here on the CPU:
+    per seed, the bf16 output and the fp32 one it is rounded from."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "eval" / "decks" / "hard" / "03_paged_attention" / "reference.py"
+    spec = importlib.util.spec_from_file_location("paged_attention_reference_for_probes", path)
+    assert spec is not None and spec.loader is not None
+    ref = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ref)
+    ref.BATCH, ref.NUM_HEADS, ref.NUM_KV_HEADS, ref.HEAD_DIM, ref.SEQ_LEN, ref.PAGE_SIZE = 8, 32, 8, 128, 1024, 16
+    model = ref.Model(*ref.get_init_inputs())
+    bf16, fp32 = [], []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        query, *rest = ref.get_inputs()
+        bf16.append(model(query, *rest))
+        fp32.append(model(query.float(), *rest))
+    return bf16, fp32
+
+
+def test_a_probe_tells_another_draws_output_where_the_decks_atol_dwarfs_the_output() -> None:
+    """On the H200, grader 0.4.3 passed a candidate that served one input set's output on every
+    timed call (tests/test_eval_gpu.py, stale_first_loop): 03's nominal outputs are below its atol
+    of 0.02, so the element-wise bound passes any output of their size, zeros included. The probes
+    also bound the normalised error; an honest output (the fp32 result rounded another way: 1 bf16
+    ulp) passes at every one of 200 probe draws, the stale one and zeros at none."""
+    from kernelboard.eval.correctness import PROBE_REL_ERR_MAX, probe, probe_positions, probe_problem
+
+    (out, other), (exact, _) = _paged_attention_outputs((1, 2))
+    assert float(out.abs().max()) < 0.02  # why the deck's own bound cannot tell them apart
+    assert compare(out, other, 0.02, 0.02).ok and compare(out, torch.zeros_like(out), 0.02, 0.02).ok
+    ulp = torch.where(torch.rand(exact.shape, generator=torch.Generator().manual_seed(3)) < 0.5, -1.0, 1.0) * 2.0**-8
+    honest = (exact * (1 + ulp)).to(torch.bfloat16)
+    assert compare(out, honest, 0.02, 0.02).ok and compare(out, honest, 0.02, 0.02).rel_err < 0.01
+    for seed in range(200):
+        positions = probe_positions(seed, out.numel(), "cpu")
+        assert probe_problem(out, positions, probe(honest, positions).tolist(), 0.02, 0.02) is None
+        for wrong in (other, torch.zeros_like(out)):
+            why = probe_problem(out, positions, probe(wrong, positions).tolist(), 0.02, 0.02)
+            assert why is not None and "reference's norm away" in why and f"at most {PROBE_REL_ERR_MAX:g}" in why
+
+
+def test_a_probe_leaves_exact_and_all_zero_references_to_the_element_wise_rule() -> None:
+    from kernelboard.eval.correctness import probe, probe_positions, probe_problem
+
+    zeros = torch.zeros(500)
+    positions = probe_positions(5, zeros.numel(), "cpu")
+    assert probe_problem(zeros, positions, probe(zeros + 1e-3, positions).tolist(), 0.02, 0.0) is None  # no norm
+    ints = torch.arange(500)
+    assert probe_problem(ints, positions, probe(ints, positions).tolist(), 0.0, 0.0) is None
+    assert "out of tolerance" in probe_problem(ints, positions, probe(ints + 1, positions).tolist(), 0.0, 0.0)
+
+
 @pytest.mark.parametrize("numel", [1, 31, 32, 128, 129, 1000, 402_653_184])
 def test_probe_positions_are_distinct_in_range_and_the_same_in_every_process(numel: int) -> None:
     """06's headline output has 403 M elements: positions are drawn, not taken from a permutation."""
