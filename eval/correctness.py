@@ -7,6 +7,7 @@ beside pass/fail because it says how close a kernel is, not only whether it clea
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -50,8 +51,10 @@ def cosine(ref: torch.Tensor, out: torch.Tensor) -> float:
     return float(torch.dot(r, o)) / (rn * on)
 
 
-def compare(ref: torch.Tensor, out: object, atol: float, rtol: float) -> Verdict:
-    """Check `out` against `ref` under (atol, rtol); exact equality when both are 0."""
+def compare(ref: torch.Tensor, out: object, atol: float, rtol: float, rel_max: float | None = None) -> Verdict:
+    """Check `out` against `ref` under (atol, rtol); exact equality when both are 0. With `rel_max`
+    (the judge gives REL_ERR_MAX on nominal draws) the normalised error ‖out − ref‖ / ‖ref‖ is held
+    to it as well, where the bound is finite and `ref` is not all zero."""
     problem = check_type(ref, out)
     if problem:
         return Verdict(False, problem)
@@ -70,6 +73,10 @@ def compare(ref: torch.Tensor, out: object, atol: float, rtol: float) -> Verdict
     ok_mask = (o64 == r64) if exact else (diff <= atol + rtol * r64.abs())
     n_bad = int((~ok_mask).sum())
     if n_bad == 0:
+        if rel_max is not None and not exact and math.isfinite(atol) and ref_norm > 0 and rel_err > rel_max:
+            return Verdict(False, f"every element is within tolerance (atol={atol:g}, rtol={rtol:g}), but "
+                                  f"‖d‖/‖ref‖={rel_err:.3g} is above {rel_max:g}: the deck's atol dwarfs this output "
+                                  f"(its largest element {float(r64.abs().max()):.3g})", rel_err)
         return Verdict(True, "ok", rel_err)
     worst = int(torch.argmax(torch.where(ok_mask, torch.zeros_like(diff), diff)))
     idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), out.shape))
@@ -112,14 +119,16 @@ def compare_topk(x: torch.Tensor, ref: tuple[torch.Tensor, ...], out: tuple[torc
 #: Elements of each output part that every timed call reports (at judge-seeded positions).
 PROBE_ELEMENTS = 32
 
-#: The probed elements' normalised error ‖got − ref‖ / ‖ref‖ a timed or floor-batch output may
-#: have beside the deck's element-wise tolerance. The probes tell an output for these inputs from
-#: one for other inputs; the element-wise bound alone cannot where an output is small next to the
-#: deck's atol: 03's nominal outputs at its Llama-3 8B shape are at most 0.0128 in magnitude against
-#: an atol of 0.02, so a stale output of another input set, or zeros, passed every probe on the H200
-#: (grader 0.4.3). Another draw's output is about √2 of the norm away and zeros 1; honest kernels'
-#: worst ‖d‖/‖ref‖ over every check of every H200 pass was 0.0196 (02) and ≤ 0.004 elsewhere.
-PROBE_REL_ERR_MAX = 0.25
+#: The normalised error ‖got − ref‖ / ‖ref‖ an output on the deck's nominal draws may have beside
+#: the deck's element-wise tolerance: checked in full on the nominal checks (and library lines),
+#: over the probed elements on every timed and floor-batch call. A deck's atol can dwarf its nominal
+#: outputs: at their smallest H200 shapes a zero output passes the element-wise rule at every element
+#: of 02's and 03's nominal outputs (at most 0.0116 against an atol of 0.05; 0.0135 against 0.02) and
+#: at 99.8% of 06's, and under 0.4.3 an output of other inputs passed every probe of 03 on the H200.
+#: Another draw's output is about √2 of the norm away and zeros 1; honest kernels' worst ‖d‖/‖ref‖
+#: over every check of every H200 pass was 0.0196 (02) and ≤ 0.004 elsewhere. Stress cases keep the
+#: deck's rule alone: their outputs can be tiny on purpose (02's small_qkv: 1e-8).
+REL_ERR_MAX = 0.25
 
 
 def probe_positions(seed: int, numel: int, device: torch.device | str) -> torch.Tensor:
@@ -148,7 +157,7 @@ def probe_problem(ref: torch.Tensor, positions: torch.Tensor, got: list[float], 
                   rtol: float) -> str | None:
     """Why the probed elements `got` are not within atol + rtol·|ref| of the reference's (the
     rule every output is held to), or, where the reference's probed elements are not all zero,
-    not within PROBE_REL_ERR_MAX of them in norm; None when they are. A stale or cached output
+    not within REL_ERR_MAX of them in norm; None when they are. A stale or cached output
     for other values has a fraction f of its elements off, and passes the element-wise bound at
     all PROBE_ELEMENTS with probability (1 − f)^PROBE_ELEMENTS; the norm bound catches it where
     the deck's atol dwarfs the output (f near 0)."""
@@ -163,10 +172,10 @@ def probe_problem(ref: torch.Tensor, positions: torch.Tensor, got: list[float], 
         return (f"{int(bad.sum())} of {r.numel()} probed elements out of tolerance (atol={atol:g}, rtol={rtol:g}); "
                 f"element {int(positions[i])}: got {float(g[i]):.6g}, expected {float(r[i]):.6g}")
     ref_norm = float(torch.linalg.vector_norm(r))
-    if not exact and ref_norm > 0:
+    if not exact and math.isfinite(atol) and ref_norm > 0:
         rel = float(torch.linalg.vector_norm(g - r)) / ref_norm
-        if rel > PROBE_REL_ERR_MAX:
+        if rel > REL_ERR_MAX:
             return (f"its {r.numel()} probed elements pass the element-wise tolerance (atol={atol:g}, rtol={rtol:g}) "
-                    f"but are {rel:.3g} of the reference's norm away (at most {PROBE_REL_ERR_MAX:g}): an output "
-                    f"for other inputs")
+                    f"but are {rel:.3g} of the reference's norm away (at most {REL_ERR_MAX:g}): not this call's "
+                    f"output (one of other inputs, or none)")
     return None

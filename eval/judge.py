@@ -42,6 +42,7 @@ import torch
 from . import audit
 from .atomic import write_text_atomic
 from .correctness import (
+    REL_ERR_MAX,
     Output,
     Verdict,
     check_type,
@@ -141,7 +142,7 @@ def judge_values(problem: Problem, ref: Output, outs: tuple[torch.Tensor, ...], 
     worst: Verdict | None = None
     for i, (r, o) in enumerate(zip(parts, outs, strict=True)):
         atol, rtol = problem.tolerance_for(dtype_name(r.dtype), case) if r.is_floating_point() else (0.0, 0.0)
-        verdict = compare(r, o, atol, rtol)
+        verdict = compare(r, o, atol, rtol, REL_ERR_MAX if case is None else None)  # nominal: the norm too
         if not verdict.ok:
             return verdict if len(parts) == 1 else Verdict(False, f"{part(i)}: {verdict.message}", verdict.rel_err)
         if worst is None or (verdict.rel_err or 0.0) > (worst.rel_err or 0.0):

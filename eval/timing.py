@@ -50,7 +50,7 @@ change, an output cache keyed on tensor identity, data pointer or `_version`, or
 a timing function is on the stack, hands back an output for other values. After each call (outside
 the timed region, before the next call) the runner reads PROBE_ELEMENTS elements of each output
 part at positions seeded by the judge, which checks them against the reference under the
-problem's tolerance and, since 0.4.4, within PROBE_REL_ERR_MAX of the reference's norm
+problem's tolerance and, since 0.4.4, within REL_ERR_MAX of the reference's norm
 (correctness.probe_problem: 0.25, ten times the worst honest error measured; a deck's atol can
 dwarf its outputs, and 03's let an output of other inputs, or zeros, pass every probe): every
 timed output is verified, for the price of a gather per call instead of a full comparison (a GPU
