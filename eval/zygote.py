@@ -41,9 +41,9 @@ neither a session of its own nor fds 1 and 2 on a given file. All of that would 
 child; a fork loop of our own (`serve`, one `selectors` loop over the control socket and a pidfd per child)
 is shorter than the undoing, and does only what is listed above.
 
-Native threads that numpy's OpenBLAS and pyarrow's jemalloc start at import live on in the zygote; both
-libraries register `pthread_atfork` handlers and restart them in the child when needed (as for torch's
-DataLoader workers). The zygote refuses to serve if a Python thread is running when it would fork.
+Native threads that numpy's OpenBLAS and pyarrow's jemalloc may start at import live on in the zygote; both
+libraries are fork-safe (`pthread_atfork` handlers), as torch's own forked DataLoader workers rely on. The
+zygote refuses to fork while a Python thread other than its own runs.
 """
 
 from __future__ import annotations
