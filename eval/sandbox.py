@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -250,14 +251,24 @@ def gpu_lock(gpu: str) -> Iterator[None]:
 
 
 def probe_device(device: str) -> dict[str, Any]:
-    """Device identity from a short-lived process, so the parent stays free of torch."""
-    code = ("import json,sys,torch;from kernelboard.eval.probe import probe_environment as p;d=sys.argv[1];"
-            "print(json.dumps(p(d) if d=='cpu' or torch.cuda.is_available() else {'error':'no CUDA device'}))")
-    out = subprocess.run([sys.executable, "-c", code, device], capture_output=True, text=True, timeout=300)
-    if out.returncode != 0:
-        last = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode
+    """Device identity from a short-lived process (`python -m kernelboard.eval.probe`, forked from the
+    zygote where there is one), so the parent stays free of torch."""
+    with tempfile.TemporaryFile() as said, tempfile.TemporaryDirectory(prefix="kernelboard-probe-") as cwd:
+        forked = zygote.fork_worker([device], Path(cwd), worker_env("probe"), None, said, main="probe")
+        if forked is None:
+            rc = subprocess.run([sys.executable, "-m", "kernelboard.eval.probe", device], stdout=said,
+                                stderr=subprocess.STDOUT, timeout=300).returncode
+        else:
+            try:
+                rc = forked.wait(timeout=300)
+            finally:
+                _kill_group(forked)
+        said.seek(0)
+        lines = said.read().decode(errors="replace").strip().splitlines()
+    if rc != 0:
+        last = lines[-1] if lines else rc
         raise UsageError(f"cannot start a worker (is the 'eval' extra, i.e. torch, installed?): {last}")
-    env = json.loads(out.stdout.strip().splitlines()[-1])
+    env = json.loads(next((line for line in reversed(lines) if line.startswith("{")), lines[-1] if lines else ""))
     if "error" in env:
         raise UsageError(f"--device {device}: {env['error']}; use --device cpu to grade on the CPU")
     return env

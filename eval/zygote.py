@@ -2,12 +2,15 @@
 
 A judge (`kernelboard.eval.worker`) started as a fresh interpreter spends about 1.8 s of CPU importing torch,
 its own modules and pyarrow before it does anything; forked from a process that already imported them it
-starts in a few milliseconds. The zygote is `python -m kernelboard.eval.zygote FD MODULE…`, started by the
-grader with the judges' environment (`sandbox.worker_env` without the variables of `LAZY_ENV`, see below), in
-`/`, with its stdin on /dev/null. It imports the modules named, never initialises CUDA and never runs candidate
-code; the grading process that starts it imports neither torch nor this module's server half (everything
-below `serve` imports lazily), so `kernelboard eval` itself stays free of torch. The sandboxed runner that a
-judge starts is unchanged: a separately exec'd `python -m kernelboard.eval.runner` in bubblewrap.
+starts in a few milliseconds. The device probe each batch starts first (`sandbox.probe_device`, torch and
+triton imported to name the device) is forked the same way.
+
+The zygote is `python -m kernelboard.eval.zygote FD MODULE…`, started by the grader with the judges'
+environment (`sandbox.worker_env` without the variables of `LAZY_ENV`, see below), in `/`, with its stdin on
+/dev/null. It imports the modules named, never initialises CUDA and never runs candidate code; the grading
+process that starts it imports neither torch nor this module's server half (everything below `serve` imports
+lazily), so `kernelboard eval` itself stays free of torch. The sandboxed runner that a judge starts is
+unchanged: a separately exec'd `python -m kernelboard.eval.runner` in bubblewrap.
 
 A forked judge is made to look like the fresh one it replaces (`_become_judge`), before any of its code runs:
 
@@ -64,6 +67,10 @@ from typing import IO, Any
 
 #: What the zygote imports: what a judge imports before it grades (worker.py, then torch, judge.py, link.py).
 PRELOAD = ("torch", "kernelboard.eval.worker", "kernelboard.eval.judge", "kernelboard.eval.link")
+
+#: What a forked child may run, by the name the grader sends: the module whose `main(argv)` it calls, as
+#: `python -m MODULE ARGV` would. Only these; the judge, and the device probe of `sandbox.probe_device`.
+MAINS = {"worker": "kernelboard.eval.worker", "probe": "kernelboard.eval.probe"}
 
 #: Variables read lazily (when a kernel is compiled, Triton runs, CUDA initialises) or set per job by
 #: `worker_env`: kept out of the zygote's environment, never read by its imports, set in each judge. Every
@@ -173,12 +180,12 @@ class Zygote:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def fork(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str], out: int) -> Forked:
-        """A judge `kernelboard.eval.worker ARGV`, in `cwd`, with `env` (which must match this zygote's
-        outside `LAZY_ENV`) and fds 1 and 2 on the open file `out`."""
-        if zygote_env(env) != self.env:
-            raise ValueError("this zygote was started for another environment")
-        request = json.dumps({"argv": list(argv), "cwd": str(cwd), "env": dict(env)}).encode()
+    def fork(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str], out: int, main: str = "worker") -> Forked:
+        """A judge `kernelboard.eval.worker ARGV` (or another of `MAINS`), in `cwd`, with `env` (which must
+        match this zygote's outside `LAZY_ENV`) and fds 1 and 2 on the open file `out`."""
+        if zygote_env(env) != self.env or main not in MAINS:
+            raise ValueError("this zygote was started for another environment, or runs no such main")
+        request = json.dumps({"main": main, "argv": list(argv), "cwd": str(cwd), "env": dict(env)}).encode()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             with self._lock:
@@ -256,10 +263,14 @@ class _Shared:
 SHARED = _Shared()
 
 
-def fork_worker(argv: Sequence[str], cwd: Path, env: Mapping[str, str], log: IO[str]) -> Forked | None:
-    """Fork the judge `kernelboard.eval.worker ARGV` from this process's zygote, started or restarted as
-    needed; None where there is none (the caller starts a fresh interpreter), said once in `log`.
-    `KERNELBOARD_ZYGOTE=0` in the grader's environment turns the zygote off."""
+def fork_worker(argv: Sequence[str], cwd: Path, env: Mapping[str, str], log: IO[str] | None, out: IO[Any] | None = None,
+                main: str = "worker") -> Forked | None:
+    """Fork the judge `kernelboard.eval.worker ARGV` (or another of `MAINS`) from this process's zygote, started or
+    restarted as needed, with fds 1 and 2 on `out` (by default `log`); None where there is none (the caller
+    starts a fresh interpreter), said once in the first `log` given. `KERNELBOARD_ZYGOTE=0` in the grader's
+    environment turns the zygote off."""
+    out = log if out is None else out
+    assert out is not None
     if os.environ.get("KERNELBOARD_ZYGOTE") == "0":
         return None
     with SHARED.lock:
@@ -268,12 +279,12 @@ def fork_worker(argv: Sequence[str], cwd: Path, env: Mapping[str, str], log: IO[
             if zygote is None:
                 break
             try:
-                return zygote.fork(argv, cwd, env, log.fileno())
+                return zygote.fork(argv, cwd, env, out.fileno(), main)
             except ZygoteError as exc:
                 SHARED.drop()
                 if attempt:  # and it failed again: judges of this environment start fresh from now on
                     SHARED.failed = (zygote.env, f"it failed twice: {exc}")
-        if not SHARED.said:
+        if log is not None and not SHARED.said:
             why = SHARED.failed[1] if SHARED.failed else "unknown"
             log.write(f"[grader] no zygote to fork judges from ({why}): each judge starts as a fresh interpreter\n")
             log.flush()
@@ -373,6 +384,7 @@ def _exit_code(code: object) -> int:
 def _become_judge(request: dict[str, Any], out: int, printed: bytes, inherited: Sequence[int]) -> int:
     """In the forked child: become a judge (see the module docstring) and run it; its exit code."""
     import atexit
+    import importlib
     import traceback
 
     for fd in inherited:  # the zygote's own sockets and pidfds, the other judges' status sockets
@@ -389,16 +401,16 @@ def _become_judge(request: dict[str, Any], out: int, printed: bytes, inherited: 
     os.environ.update(request["env"])
     sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
     sys.path[:] = child_path(sys.path, request["cwd"])
-    from kernelboard.eval import worker
-
-    sys.argv = [str(worker.__file__), *request["argv"]]
-    sys.orig_argv = [sys.executable, "-m", "kernelboard.eval.worker", *request["argv"]]
+    name = MAINS[request["main"]]
+    module = importlib.import_module(name)
+    sys.argv = [str(module.__file__), *request["argv"]]
+    sys.orig_argv = [sys.executable, "-m", name, *request["argv"]]
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if printed:
         os.write(1, printed)
     interrupted = False
     try:
-        code = _exit_code(worker.main(request["argv"]))
+        code = _exit_code(module.main(request["argv"]))
     except SystemExit as exc:
         code = _exit_code(exc.code)
     except KeyboardInterrupt:

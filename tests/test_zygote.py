@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from kernelboard.errors import UsageError
 from kernelboard.eval import sandbox, zygote
 from kernelboard.eval.job import Job
 
@@ -234,3 +235,17 @@ def test_a_forked_judge_keeps_no_descriptor_of_the_zygote(tmp_path: Path) -> Non
     finally:
         held.close()
     assert held.proc.returncode == 0
+
+
+def test_the_device_probe_forked_from_the_zygote_says_what_a_fresh_one_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = Path("/dev/nvidia0").exists()
+    forked = sandbox.probe_device("cpu")
+    assert zygote.SHARED.zygote is not None and forked["triton_version"]
+    if not gpu:
+        with pytest.raises(UsageError, match="--device cuda: no CUDA device"):
+            sandbox.probe_device("cuda")
+    monkeypatch.setenv("KERNELBOARD_ZYGOTE", "0")
+    assert sandbox.probe_device("cpu") == forked
+    if not gpu:
+        with pytest.raises(UsageError, match="--device cuda: no CUDA device"):
+            sandbox.probe_device("cuda")
