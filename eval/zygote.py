@@ -74,10 +74,12 @@ MAINS = {"worker": "kernelboard.eval.worker", "probe": "kernelboard.eval.probe"}
 
 #: Variables read lazily (when a kernel is compiled, Triton runs, CUDA initialises) or set per job by
 #: `worker_env`: kept out of the zygote's environment, never read by its imports, set in each judge. Every
-#: `TRITON_*` variable counts as one of them. (`PYTEST_CURRENT_TEST`: pytest sets it around every test, and
-#: the grader passes its environment on; nothing reads it.)
+#: `TRITON_*` variable counts as one of them. (`TORCHINDUCTOR_CACHE_DIR`: set in the grader's own environment
+#: by torch.compile where the grader's process compiles, e.g. a test's; read when a judge compiles a baseline.
+#: `PYTEST_CURRENT_TEST`: pytest sets it around every test, and the grader passes its environment on.)
 LAZY_ENV = ("TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "TRITON_INTERPRET", "TORCH_CUDA_ARCH_LIST",
-            "CUTLASS_PATH", "CPATH", "CPLUS_INCLUDE_PATH", "CUDA_VISIBLE_DEVICES", "PYTEST_CURRENT_TEST")
+            "CUTLASS_PATH", "CPATH", "CPLUS_INCLUDE_PATH", "CUDA_VISIBLE_DEVICES", "TORCHINDUCTOR_CACHE_DIR",
+            "PYTEST_CURRENT_TEST")
 
 #: Modules the zygote must not have imported (their import reads a `LAZY_ENV` variable from C).
 UNPRELOADABLE = ("triton",)
