@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import platform
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +60,16 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def main(argv: list[str]) -> int:
+    """`python -m kernelboard.eval.probe DEVICE` (sandbox.probe_device): `probe_environment` as one JSON line,
+    or {"error": …} where DEVICE is cuda and none is visible."""
+    device = argv[0]
+    print(json.dumps(probe_environment(device) if device == "cpu" or torch.cuda.is_available()
+                     else {"error": "no CUDA device"}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,13 +1,16 @@
 """Running worker processes (parent side, no torch): isolation, caches, timeouts, the GPU lock.
 
-Each worker is a fresh `python -m kernelboard.eval.worker JOB` in its own process group and
-working directory (a scratch copy of the submission), with torch-extension and Triton caches keyed
-by the solution's hash. The worker names its phase in a file beside its job; a phase that runs past
-its budget, or a worker past the total budget, has its whole process group killed. The job names
-the budgets too, so the worker (the judge) enforces them first on the runner it drives.
+Each worker is `kernelboard.eval.worker JOB` in its own session and process group and working
+directory (a scratch copy of the submission), with torch-extension and Triton caches keyed by the
+solution's hash: forked from this process's zygote (zygote.py: a process that imported torch and the
+judge once), or, where there is none, a fresh `python -m kernelboard.eval.worker JOB`. The worker
+names its phase in a file beside its job; a phase that runs past its budget, or a worker past the
+total budget, has its whole process group killed. The job names the budgets too, so the worker (the
+judge) enforces them first on the runner it drives.
 
-`PYTHONSAFEPATH` keeps the working directory off `sys.path`: without it, a submission that ships
-`yaml.py` or a `kernelboard/` folder would replace the judge's own modules before it starts.
+`PYTHONSAFEPATH` keeps the working directory off `sys.path` (the zygote runs with it, and drops the
+working directory from a forked judge's path besides): without it, a submission that ships `yaml.py`
+or a `kernelboard/` folder would replace the judge's own modules before it starts.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -29,7 +33,7 @@ from rich.console import Console
 
 from kernelboard.errors import KernelboardError, UsageError
 
-from . import jail
+from . import jail, zygote
 from .cutlass_headers import find_cutlass
 from .jail import Jail
 from .job import Job
@@ -86,11 +90,13 @@ def worker_env(cache_key: str, arch: str | None = None, interpret: bool = False)
     return env
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def _kill_group(proc: subprocess.Popen[bytes] | zygote.Forked) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
+    if isinstance(proc, zygote.Forked):
+        proc.close()
 
 
 def _read_phase(path: Path) -> str | None:
@@ -136,11 +142,12 @@ def run_worker(job: Job, workdir: Path, log_path: Path, timeout_s: float, cache_
     start = time.perf_counter()
     phase, phase_start = None, start
     with log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "kernelboard.eval.worker", str(job_path)],
-            cwd=workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=worker_env(cache_key, arch, interpret=job.device == "cpu"), start_new_session=True,
-        )
+        env = worker_env(cache_key, arch, interpret=job.device == "cpu")
+        proc: subprocess.Popen[bytes] | zygote.Forked | None = zygote.fork_worker([str(job_path)], workdir, env, log)
+        if proc is None:
+            proc = subprocess.Popen([sys.executable, "-m", "kernelboard.eval.worker", str(job_path)], cwd=workdir,
+                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                    start_new_session=True)
         try:
             while True:
                 try:
@@ -166,7 +173,10 @@ def run_worker(job: Job, workdir: Path, log_path: Path, timeout_s: float, cache_
         finally:
             _kill_group(proc)  # on every path: children it left behind (compilers, helpers) go too
     seconds = time.perf_counter() - start
-    if rc < 0:
+    if rc is None and not result_path.exists():  # a forked worker whose zygote died before it reported the exit
+        msg = f"the zygote that forked the worker died (in phase '{phase}'); the worker was killed"
+        return WorkerOutcome({"status": "not_graded", "message": msg}, seconds, log_path)
+    if rc is not None and rc < 0:
         name = signal.Signals(-rc).name if -rc in signal.valid_signals() else str(-rc)
         return WorkerOutcome({"status": "runtime_error", "message": f"the worker died from {name} "
                                                                    f"(in phase '{phase}')"}, seconds, log_path)
@@ -241,14 +251,24 @@ def gpu_lock(gpu: str) -> Iterator[None]:
 
 
 def probe_device(device: str) -> dict[str, Any]:
-    """Device identity from a short-lived process, so the parent stays free of torch."""
-    code = ("import json,sys,torch;from kernelboard.eval.probe import probe_environment as p;d=sys.argv[1];"
-            "print(json.dumps(p(d) if d=='cpu' or torch.cuda.is_available() else {'error':'no CUDA device'}))")
-    out = subprocess.run([sys.executable, "-c", code, device], capture_output=True, text=True, timeout=300)
-    if out.returncode != 0:
-        last = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode
+    """Device identity from a short-lived process (`python -m kernelboard.eval.probe`, forked from the
+    zygote where there is one), so the parent stays free of torch."""
+    with tempfile.TemporaryFile() as said, tempfile.TemporaryDirectory(prefix="kernelboard-probe-") as cwd:
+        forked = zygote.fork_worker([device], Path(cwd), worker_env("probe"), None, said, main="probe")
+        if forked is None:
+            rc = subprocess.run([sys.executable, "-m", "kernelboard.eval.probe", device], stdout=said,
+                                stderr=subprocess.STDOUT, timeout=300).returncode
+        else:
+            try:
+                rc = forked.wait(timeout=300)
+            finally:
+                _kill_group(forked)
+        said.seek(0)
+        lines = said.read().decode(errors="replace").strip().splitlines()
+    if rc != 0:
+        last = lines[-1] if lines else rc
         raise UsageError(f"cannot start a worker (is the 'eval' extra, i.e. torch, installed?): {last}")
-    env = json.loads(out.stdout.strip().splitlines()[-1])
+    env = json.loads(next((line for line in reversed(lines) if line.startswith("{")), lines[-1] if lines else ""))
     if "error" in env:
         raise UsageError(f"--device {device}: {env['error']}; use --device cpu to grade on the CPU")
     return env

@@ -1,9 +1,10 @@
 """`kernelboard eval`: find submissions, measure baselines once, grade each in its own worker.
 
-The parent never imports torch or candidate code. Each worker is a fresh `python -m
-kernelboard.eval.worker` in its own process group, working directory (a scratch copy of the
-submission) and torch-extension / Triton caches keyed by the solution's hash; on timeout the
-whole group is killed. Results are written after every submission, atomically, so an
+The parent never imports torch or candidate code. Each worker is `kernelboard.eval.worker` in its
+own session and process group, working directory (a scratch copy of the submission) and
+torch-extension / Triton caches keyed by the solution's hash, forked from a zygote process that
+imported torch once (zygote.py; a fresh `python -m kernelboard.eval.worker` where there is none);
+on timeout the whole group is killed. Results are written after every submission, atomically, so an
 interrupted batch keeps everything graded before the interruption: a run's shapes, runs and
 results rows go through one journal entry (`tables.upsert_together`), finished by the next batch
 when the process was killed half-way.

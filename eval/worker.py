@@ -1,6 +1,7 @@
 """The worker process (trusted): `python -m kernelboard.eval.worker JOB.json`, started by
-schedule.py through sandbox.py, grades one submission (or times one problem's baselines) and
-writes one JSON result atomically to the job's `result_path`.
+schedule.py through sandbox.py (forked from the zygote, zygote.py, which calls `main` as this
+command line would), grades one submission (or times one problem's baselines) and writes one JSON
+result atomically to the job's `result_path`.
 
 To grade, it first starts the runner (runner.py), the one process that imports and runs candidate
 code, as `python -m kernelboard.eval.runner` inside the job's sandbox (jail.py: bubblewrap, limits) —

@@ -158,9 +158,12 @@ def test_kill_9_of_the_worker_is_a_status_and_the_batch_goes_on(seeded: Path, tm
                 continue
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                cwd = os.readlink(f"/proc/{pid}/cwd")
             except OSError:
                 continue
-            if b"kernelboard.eval.worker" in cmd and any(c.endswith(b"a_victim.job.json") for c in cmd):
+            started = b"kernelboard.eval.worker" in cmd and any(c.endswith(b"a_victim.job.json") for c in cmd)
+            forked = b"kernelboard.eval.zygote" in cmd and cwd.endswith("/a_victim")  # the zygote's cwd is /
+            if started or forked:
                 time.sleep(1.0)
                 os.kill(int(pid), signal.SIGKILL)
                 killed = True
