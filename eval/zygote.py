@@ -19,6 +19,9 @@ A forked judge is made to look like the fresh one it replaces (`_become_judge`),
 - stdin on /dev/null, fds 1 and 2 on the grader's own open log file (received over the control socket, so
   appending works exactly as with `Popen(stdout=log, stderr=STDOUT)`; C-level output and subprocesses too);
 - its working directory the scratch copy; `os.environ` cleared and replaced by the job's environment;
+- SIGINT as an exec from the grader would leave it: ignored where the grader ignores it (a shell without job
+  control starts background commands so), else Python's `default_int_handler` (the zygote itself ignores it:
+  a Ctrl-C is the grader's to handle);
 - `sys.path` without '' or any relative or candidate-controlled folder (the zygote runs with
   `PYTHONSAFEPATH=1` from `/`, and the child drops anything under its working directory besides), so that
   a submission's `numpy.py` or `triton.py` never replaces a module the judge imports later;
@@ -187,7 +190,11 @@ class Zygote:
         match this zygote's outside `LAZY_ENV`) and fds 1 and 2 on the open file `out`."""
         if zygote_env(env) != self.env or main not in MAINS:
             raise ValueError("this zygote was started for another environment, or runs no such main")
-        request = json.dumps({"main": main, "argv": list(argv), "cwd": str(cwd), "env": dict(env)}).encode()
+        # SIGINT as an exec would leave it: ignored where the grader ignores it (started in the background
+        # by a shell without job control), else Python's default handler
+        sigint_ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        request = json.dumps({"main": main, "argv": list(argv), "cwd": str(cwd), "env": dict(env),
+                              "sigint_ignored": sigint_ignored}).encode()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             with self._lock:
@@ -407,7 +414,7 @@ def _become_judge(request: dict[str, Any], out: int, printed: bytes, inherited: 
     module = importlib.import_module(name)
     sys.argv = [str(module.__file__), *request["argv"]]
     sys.orig_argv = [sys.executable, "-m", name, *request["argv"]]
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.SIG_IGN if request.get("sigint_ignored") else signal.default_int_handler)
     if printed:
         os.write(1, printed)
     interrupted = False

@@ -169,6 +169,12 @@ def test_a_cpu_run_grades_a_tiny_submission_twice_and_never_writes_into_results(
         "fidelity-1-tiny.log", "fidelity-2-tiny.log", "seed-baselines.log"]
 
 
+def _sigint_as_at_a_terminal() -> None:
+    """SIGINT's default disposition in the bench: a test run started in the background by a shell without job
+    control inherits SIGINT ignored, and the bench (rightly, like any program) would then ignore it too."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow  # the bench script end to end
 def test_an_interrupted_run_still_reports_the_gradings_that_finished(tmp_path: Path) -> None:
     """A device's time limit interrupts the bench (SIGINT here; SIGTERM is handled alike): the grading
@@ -180,7 +186,8 @@ def test_an_interrupted_run_still_reports_the_gradings_that_finished(tmp_path: P
     proc = subprocess.Popen([sys.executable, str(SCRIPT), "--device", "cpu", "--deck", str(deck), "--submissions",
                              str(tmp_path / "subs"), "--results", str(tmp_path / "results"), "--fidelity-run", "tiny",
                              "--gradings", "3", "--json", str(summary)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            preexec_fn=_sigint_as_at_a_terminal)
     assert proc.stderr is not None
     seen = []
     for line in proc.stderr:  # progress lines: the first grading's result, then the second one's start
