@@ -164,6 +164,12 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", text.split("+")[0].split(".dev")[0])[:3])
 
 
+def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
+    """Whether a grader of `grader_version` timed by a method older than the one `variant`'s baselines
+    are measured by now (BASELINE_METHOD_SINCE): its rows and today's baselines do not compare."""
+    return _version(grader_version) < _version(BASELINE_METHOD_SINCE[variant.split(":", 1)[0]])
+
+
 def baseline_reusable(variant: str, measured_by: str) -> bool:
     """Whether a cached baseline row of `variant` measured by grader `measured_by` means what this
     grader would measure now (see BASELINE_METHOD_SINCE)."""

@@ -27,6 +27,7 @@ from kernelboard.errors import DataError, DeckError
 from kernelboard.eval.deck import Problem, load_problem
 from kernelboard.eval.roofline import geomean
 from kernelboard.eval.schema import CPU_KEY, IMPORTED_SUFFIX, PRECISIONS, TABLES, peak_column, record_mismatches
+from kernelboard.eval.settings import timed_before_method
 from kernelboard.eval.submission import RUN_ID_PATTERN
 from kernelboard.eval.tables import load_all
 
@@ -280,6 +281,9 @@ class SiteData:
     sidecars: dict[str, tuple[SidecarFile, ...]] = dataclasses.field(default_factory=dict)
     #: DATA/README.md, the tables' contract in words (the site's data page), when the data folder has one
     readme: str | None = None
+    #: results held back from every board and page (`superseded`): timed by an older method than their
+    #: problem's baselines on their GPU, so to be regraded before their speed is shown
+    superseded: tuple[Result, ...] = ()
 
     @property
     def last_updated(self) -> datetime | None:
@@ -350,9 +354,11 @@ def load_site(data_dir: Path, decks_dir: Path) -> SiteData:
     ]
     if problems:
         raise DataError(problems)
+    results, superseded = split_superseded(runs, results, baselines)
     return SiteData(
         runs=runs,
         results=results,
+        superseded=superseded,
         baselines=baselines,
         hardware=hardware,
         problems=_load_decks(decks_dir, runs),
@@ -364,6 +370,29 @@ def load_site(data_dir: Path, decks_dir: Path) -> SiteData:
         annotations={k: v for k, v in load_annotations(data_dir / "annotations").items() if k in runs},
         readme=_read_readme(data_dir / "README.md"),
     )
+
+
+def split_superseded(runs: dict[str, Run], results: tuple[Result, ...],
+                     baselines: tuple[Baseline, ...]) -> tuple[tuple[Result, ...], tuple[Result, ...]]:
+    """(shown, superseded): a pass kernelboard measured is superseded where its grader timed by a method
+    older than its problem's torch.compile baselines on its GPU were measured by (`settings.BASELINE_METHOD_SINCE`).
+
+    A regrade under a new timing method replaces a problem's baselines first, then its runs a few at a
+    time. Each row's speedup divides its own times by the baselines of its own grading, but two methods'
+    speedups do not rank against each other (0.4.2 stopped flooring compile lines at their own dispatch,
+    which moved every 03 speedup by up to 29%), so until such a pass is regraded it takes no cell, no
+    place on a problem page and no run page: its model's row is a regrade in progress. A failure carries
+    no speed, so its verdict stays; imported results are another grader's and never superseded; a problem
+    whose baselines are all older keeps its rows."""
+    rebaselined = {(b.bench, b.problem, b.gpu) for b in baselines
+                   if b.variant.startswith("compile") and not timed_before_method(b.grader_version)}
+    shown, held = [], []
+    for r in results:
+        run = runs[r.run_id]
+        stale = (r.is_pass and not r.is_imported and (run.bench, run.problem, r.gpu) in rebaselined
+                 and timed_before_method(r.grader_version))
+        (held if stale else shown).append(r)
+    return tuple(shown), tuple(held)
 
 
 def _read_readme(path: Path) -> str | None:

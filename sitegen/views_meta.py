@@ -208,6 +208,8 @@ def methodology(data: SiteData) -> dict[str, Any]:
         "prose_html": _markdown(prose) if prose else None,
         "grader_version": settings.GRADER_VERSION,
         "graded_versions": sorted({r.grader_version for r in data.results}),
+        "superseded": [(gpu_label(data, r.gpu), data.runs[r.run_id].problem, r.run_id, r.grader_version)
+                       for r in sorted(data.superseded, key=lambda r: (r.gpu, data.runs[r.run_id].problem, r.run_id))],
         "problems": [problem_rules(data.problems[k]) for k in sorted(data.problems)],
         "default_tolerance": [(d, _tol(t)) for d, t in DEFAULT_TOLERANCE.items()],
         "cuda_timer": settings.CUDA_TIMER,

@@ -34,14 +34,42 @@ def committed() -> SiteData:
     return load_site(DATA, DECKS)
 
 
-def _counts(model: str, gpu: str, bench: str, problems: set[str]) -> tuple[int, int]:
-    """(graded on `gpu`, published) runs of a model on a board's problems, read straight off the parquet
-    tables of every GPU folder (not through sitegen)."""
+def _all_runs() -> dict[str, dict]:
     runs: dict[str, dict] = {}
     for folder in sorted((DATA / "results").iterdir()):
         if (folder / "runs.parquet").is_file():
             runs.update({r["run_id"]: r for r in pq.read_table(folder / "runs.parquet").to_pylist()})
+    return runs
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("+")[0].split(".")[:3])
+
+
+#: The grader version since which torch.compile baselines are timed as today (eval/settings.py says so
+#: too; written out here so the test does not read the rule it checks from the code under test).
+COMPILE_METHOD_SINCE = (0, 4, 2)
+
+
+def _superseded_ids(gpu: str) -> set[str]:
+    """Run ids of `gpu`'s passes timed before COMPILE_METHOD_SINCE on a problem whose compile baselines on
+    `gpu` were measured since, read straight off the parquet tables."""
+    runs = _all_runs()
+    folder = DATA / "results" / gpu
+    rebaselined = {(b["bench"], b["problem"]) for b in pq.read_table(folder / "baselines.parquet").to_pylist()
+                   if b["variant"].startswith("compile") and _version(b["grader_version"]) >= COMPILE_METHOD_SINCE}
+    return {r["run_id"] for r in pq.read_table(folder / "results.parquet").to_pylist()
+            if r["status"] == "pass" and not r["measured_by"].endswith("(imported)")
+            and (runs[r["run_id"]]["bench"], runs[r["run_id"]]["problem"]) in rebaselined
+            and _version(r["grader_version"]) < COMPILE_METHOD_SINCE}
+
+
+def _counts(model: str, gpu: str, bench: str, problems: set[str]) -> tuple[int, int]:
+    """(graded on `gpu`, published) runs of a model on a board's problems, read straight off the parquet
+    tables of every GPU folder (not through sitegen); a superseded pass is not graded."""
+    runs = _all_runs()
     graded = set(pq.read_table(DATA / "results" / gpu / "results.parquet").column("run_id").to_pylist())
+    graded -= _superseded_ids(gpu)
     mine = [i for i, r in runs.items() if (r["model"], r["bench"]) == (model, bench) and r["problem"] in problems]
     return sum(1 for i in mine if i in graded), len(mine)
 
@@ -82,3 +110,58 @@ def test_committed_imported_boards_are_unchanged(committed: SiteData) -> None:
         for row in board.rows:
             assert row.regrade is None
             assert (row.rank is None) == (row.is_house or row.score is None), (board.gpu, row.model)
+
+
+# ------------------------------------------------------------------- results timed by an older method
+
+
+def test_results_timed_before_their_problems_baselines_are_held_back(committed: SiteData, tmp_path: Path) -> None:
+    """03's baselines on the H200 were measured again by grader 0.4.4 and 16 of its runs regraded; the passes
+    graded by 0.4.0 (the regrade ran out of device time) are superseded: on no board, problem page or run
+    page of the H200, and listed on the methodology page. Their rows stay in the tables; the failures
+    0.4.0 graded keep their place (a verdict carries no speed)."""
+    from kernelboard.sitegen import build_site
+
+    held = _superseded_ids("h200")
+    assert {r.run_id for r in committed.superseded} == held
+    assert all(r.gpu == "h200" and r.grader_version == "0.4.0" and r.is_pass for r in committed.superseded)
+    failures = {r.run_id for r in committed.results if r.gpu == "h200" and r.grader_version == "0.4.0"
+                and committed.runs[r.run_id].problem == "03_paged_attention"}
+    assert failures and all(not r.is_pass for r in committed.results if r.run_id in failures and r.gpu == "h200")
+    assert {committed.runs[i].problem for i in held} == {"03_paged_attention"}
+    assert not held & {r.run_id for r in committed.results if r.gpu == "h200"}
+    board = next(b for b in build_boards(committed) if (b.gpu, b.bench) == ("h200", "hard"))
+    cells = {c.result.run_id for row in board.rows for c in row.cells if c is not None}
+    assert cells and not held & cells
+    out = build_site(DATA, DECKS, tmp_path / "dist").out_dir
+    methodology = (out / "methodology" / "index.html").read_text()
+    listed = methodology.split('id="superseded"', 1)[1].split("</ul>", 1)[0]
+    assert all(f"<code>{i}</code>" in listed for i in held) and listed.count("<li>") == len(held)
+    assert not any((out / "runs" / "h200" / i).exists() for i in held)
+    linked = [f"h200/{i}" for i in held]  # the same runs' imported results on other GPUs are still listed
+    assert not any(link in page.read_text() for page in out.rglob("*.html") for link in linked)
+    assert held <= set(pq.read_table(DATA / "results" / "h200" / "results.parquet").column("run_id").to_pylist())
+
+
+def test_a_problem_measured_again_supersedes_only_its_older_rows(committed: SiteData) -> None:
+    """The rule on its own: once 01's compile baselines on the H200 are re-measured by a grader of today's
+    method, every 01 row graded before that method is held back, and nothing else moves; imported results
+    (another grader's) never are."""
+    from dataclasses import replace
+
+    from kernelboard.sitegen.load import split_superseded
+
+    everything = (*committed.results, *committed.superseded)
+    same, _ = split_superseded(committed.runs, everything, committed.baselines)
+    assert [r.run_id for r in same] == [r.run_id for r in committed.results]
+    moved = tuple(replace(b, grader_version="0.4.4") if b.problem == "01_fp8_gemm" and b.variant.startswith("compile")
+                  else b for b in committed.baselines)
+    gpus = {b.gpu for b in moved if b.problem == "01_fp8_gemm" and b.variant.startswith("compile")}
+    shown, held = split_superseded(committed.runs, everything, moved)
+    newly = {(r.gpu, r.run_id) for r in held} - {(r.gpu, r.run_id) for r in committed.superseded}
+    old_01 = {(r.gpu, r.run_id) for r in everything if r.gpu in gpus and r.is_pass and not r.is_imported
+              and committed.runs[r.run_id].problem == "01_fp8_gemm"
+              and _version(r.grader_version) < COMPILE_METHOD_SINCE}
+    assert old_01 and newly == old_01
+    imported = [r for r in everything if r.is_imported and r.gpu in gpus]
+    assert all(any(r is s for s in shown) for r in imported)

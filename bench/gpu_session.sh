@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# One call on a GPU machine without a package registry (how the H200 rows in data/results were graded):
+# set up .venv-eval as `make eval` makes it, bubblewrap and CUTLASS from CARRY (default .carry: Debian's
+# bubblewrap_*.deb, and whl/nvidia_cutlass-*.whl), then optionally
+#   CASES=a,b   the GPU mechanism cases (CASES=, for all of them)
+#   IDS=file    grade these run ids (one per line) into a results folder seeded from SEED
+#               (SEED: a .tgz of a results folder, or a folder; default data/results)
+#   BENCH=1     bench/gpu_grading.py on GPU 0 (LOAD busy processes)
+# Results are packed into $OUT (default ./gpu-session-out) every 30 s, so a call cut short still
+# returns what finished: res.tgz is a results folder, SEED for the next call and `eval merge`'s source.
+# DEADLINE: seconds after the start at which gradings are interrupted (SIGINT: finished rows stay).
+set -u
+T0=$(date +%s)
+CARRY=${CARRY:-.carry}
+OUT=${OUT:-gpu-session-out}
+DEADLINE=${DEADLINE:-560}
+left() { echo $(( DEADLINE - ( $(date +%s) - T0 ) )); }
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+exec > >(tee "$OUT/session.log") 2>&1
+echo "== $(date -u +%FT%TZ) $(hostname) git $(git rev-parse --short HEAD 2>/dev/null)"
+nvidia-smi --query-gpu=name,driver_version,memory.used,temperature.gpu,clocks.sm --format=csv,noheader
+
+dpkg -x "$CARRY"/bubblewrap_*.deb /tmp/bw && export PATH=/tmp/bw/usr/bin:$PATH
+bwrap --version || exit 1
+make -s .venv-eval/bin/python PYTHON=python3 >/dev/null || exit 1
+.venv-eval/bin/pip install -q --no-deps --no-build-isolation -e . || exit 1
+.venv-eval/bin/pip install -q --no-index --no-deps "$CARRY"/whl/*.whl || exit 1
+.venv-eval/bin/python -c "import torch, kernelboard; print('torch', torch.__version__, torch.cuda.get_device_name())"
+echo "== setup done at $(( $(date +%s) - T0 )) s"
+
+WORK=/tmp/work
+mkdir -p $WORK
+pack() {  # the results folder (logs included) and the GPU suite's folder, as they are now
+  [ -d $WORK/res ] && tar -C $WORK -czf "$OUT/res.tgz.part" res && mv "$OUT/res.tgz.part" "$OUT/res.tgz"
+  [ -d $WORK/gpusuite ] && tar -C $WORK -czf "$OUT/gpusuite.tgz.part" gpusuite && mv "$OUT/gpusuite.tgz.part" "$OUT/gpusuite.tgz"
+  true
+}
+( while sleep 30; do pack; done ) &
+PACKER=$!
+
+if [ -n "${CASES+x}" ]; then
+  echo "== GPU cases '${CASES}' ($(left) s left)"
+  mkdir -p $WORK/gpusuite
+  KERNELBOARD_GPU_CASES="$CASES" timeout -s INT "$(left)" .venv-eval/bin/python -m pytest --noconftest -o addopts="" \
+    -m gpu -q -rA --basetemp $WORK/gpusuite/tmp tests/test_eval_gpu.py 2>&1 | tail -60
+  grep -rh "zygote" $WORK/gpusuite/tmp --include=*.log 2>/dev/null | sort | uniq -c | head
+fi
+
+if [ -n "${BENCH:-}" ]; then
+  echo "== bench ($(left) s left)"
+  timeout -s INT "$(left)" .venv-eval/bin/python bench/gpu_grading.py --gpus 0 --cpu-load "${LOAD:-4}" \
+    --work $WORK/bench --json "$OUT/bench.json" 2>&1 | tail -80
+fi
+
+if [ -n "${IDS:-}" ]; then
+  SEED=${SEED:-data/results}
+  mkdir -p $WORK/res
+  if [ -f "$SEED" ]; then tar -C $WORK -xzf "$SEED"; else cp -r "$SEED"/. $WORK/res/; fi
+  only=(); while read -r id; do [ -n "$id" ] && only+=(--only "$id"); done < "$IDS"
+  echo "== grading $(( ${#only[@]} / 2 )) runs into a folder seeded from $SEED ($(left) s left)"
+  timeout -s INT "$(left)" .venv-eval/bin/kernelboard eval --deck eval/decks/hard --submissions data/submissions/hard \
+    --out $WORK/res --resume "${only[@]}" 2>&1 | grep -v "^\s*$" | tail -80
+  echo "== eval exited ${PIPESTATUS[0]} at $(( $(date +%s) - T0 )) s"
+  grep -h "zygote" $WORK/res/h200/logs/*.log 2>/dev/null | sort | uniq -c | head -5
+fi
+
+kill $PACKER 2>/dev/null
+pack
+nvidia-smi --query-gpu=temperature.gpu,clocks.sm --format=csv,noheader
+echo "== done at $(( $(date +%s) - T0 )) s"
