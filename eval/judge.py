@@ -77,13 +77,20 @@ from .settings import (
 from .stateful import FunctionStep, StepAdapter
 from .timing import TimeStats, batch_problem, floor_ms, retry_passes, summarize, time_cpu, time_cuda
 
-_STARTED = time.monotonic()
+#: When this worker started, for the log's stamps: set by `start_clock` as the worker's `main` begins. At
+#: import time it is only a default, since a judge forked from the zygote imported this module long before.
+_clock = {"started": time.monotonic()}
+
+
+def start_clock(started: float) -> None:
+    """Stamp this worker's log lines from `started` (a `time.monotonic()` reading)."""
+    _clock["started"] = started
 
 
 def log(tag: str, message: str) -> None:
     """One progress line in the worker's log, stamped with seconds since the worker started (so a
     grading cut off by its timeout shows where the time went)."""
-    print(f"[{tag}] {message} (+{time.monotonic() - _STARTED:.1f} s)", flush=True)
+    print(f"[{tag}] {message} (+{time.monotonic() - _clock['started']:.1f} s)", flush=True)
 
 
 def _check_state(before: dict[str, Any], reply: Reply, when: str) -> None:

@@ -26,6 +26,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,7 @@ def _write_result(path: Path, result: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> int:
+    clock_started = time.monotonic()
     if len(argv) != 1:
         print("usage: python -m kernelboard.eval.worker JOB.json", file=sys.stderr)
         return 2
@@ -115,6 +117,8 @@ def main(argv: list[str]) -> int:
         import torch  # while the runner boots
 
         from . import judge
+
+        judge.start_clock(clock_started)
         from .link import RunnerLink
 
         link = None if started is None else RunnerLink(*started, phases)

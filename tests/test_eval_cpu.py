@@ -3,6 +3,7 @@ must get its own status while the batch completes. Each test is named after what
 
 from __future__ import annotations
 
+import re
 import shutil
 import textwrap
 from pathlib import Path
@@ -261,6 +262,23 @@ def test_hard_exit_after_printing_pass_is_not_a_pass(graded) -> None:
     assert rows["hard_exit"]["speedup_vs_compile"] is None
     log = (root / "results" / rows["hard_exit"]["log_path"]).read_text()
     assert "PASS" in log  # the candidate's stdout went to the log, and was never parsed
+
+
+def test_each_worker_log_counts_its_own_seconds(graded) -> None:
+    """A worker log's stamps count from that worker's start: never past the grading's own seconds, also for
+    the judges forked late in the batch from a zygote started long before (whose import-time clock a forked
+    judge inherited: an H200 log once began at "+255.5 s")."""
+    root, rows = graded
+    checked = 0
+    for row in rows.values():
+        if row["log_path"] is None or row["grade_seconds"] is None:
+            continue
+        stamps = [float(m) for m in re.findall(r"^\[worker\] .*\(\+([0-9.]+) s\)$",
+                                               (root / "results" / row["log_path"]).read_text(), re.MULTILINE)]
+        if stamps:
+            checked += 1
+            assert max(stamps) <= row["grade_seconds"] + 0.1, (row["run_id"], stamps, row["grade_seconds"])
+    assert checked >= 5
 
 
 def test_tables_keep_the_contract(graded) -> None:
