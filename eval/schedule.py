@@ -46,7 +46,7 @@ from .reproducible import classify
 from .sandbox import Prebuild, driver_version, finish_prebuild, gpu_lock, probe_device, run_worker, start_prebuild
 from .schema import CPU_KEY, DNF_OUTCOMES, PRECISIONS, TIME_STATS, peak_column
 from .scoring import best_compile, result_row, shape_rows
-from .settings import BASELINE_VARIANTS, GRADER_VERSION, baseline_reusable
+from .settings import BASELINE_VARIANTS, GRADER_VERSION, baseline_reusable, result_current
 from .submission import Submission, discover
 from .tables import finish_pending, read_table, table_path, upsert, upsert_together
 
@@ -183,14 +183,14 @@ def _timer(device: str) -> str:
 
 
 def _graded_solutions(opts: EvalOptions, gpu: str) -> dict[str, str | None]:
-    """run_id -> solution hash of every run already graded on this GPU by this grader version
-    (read once per batch, for --resume)."""
+    """run_id -> solution hash of every run already graded on this GPU by a grader whose results this one
+    reproduces (`settings.result_current`; read once per batch, for --resume)."""
     results, runs = table_path(opts.out, gpu, "results"), table_path(opts.out, gpu, "runs")
     if not (results.exists() and runs.exists()):
         return {}
     sha = {r["run_id"]: r["solution_sha256"] for r in read_table(runs, "runs").to_pylist()}
     return {row["run_id"]: sha.get(row["run_id"]) for row in read_table(results, "results").to_pylist()
-            if row["grader_version"] == GRADER_VERSION}
+            if result_current(row["grader_version"])}
 
 
 def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem: Problem | None,

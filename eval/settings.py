@@ -139,6 +139,13 @@ COVER_MARGIN = 0.8
 #: the cover (the calls wait on the GPU inside themselves, which waits out any sleep).
 COVER_UNCOVERED_SHARE = 0.1
 COVER_RETRY_FACTOR = 4.0
+#: A covered loop is given up at its call COVER_PILOT_CALLS where more than COVER_PILOT_SHARE of the
+#: calls before it outlasted their sleep (since 0.4.5): the decision the whole loop would reach, minus
+#: its thousands of waited-out sleeps (a call that waits on the GPU inside itself outlasts every one; on
+#: the H200 such an 03 kernel spent about 8 s a shape in two doomed covered loops before being timed
+#: synchronised). A loop given up this way counts as one that outgrew its cover.
+COVER_PILOT_CALLS = 32
+COVER_PILOT_SHARE = 0.5
 #: A covered loop the host bound (its floor, the least dispatch less one launch's, above the median
 #: GPU span) is run again up to FLOOR_WINDOWS loops in all, each after a pause of
 #: FLOOR_WINDOW_PAUSE_MS, and the loop with the least floor is kept (timing._covered): a KVM host
@@ -168,6 +175,19 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
     """Whether a grader of `grader_version` timed by a method older than the one `variant`'s baselines
     are measured by now (BASELINE_METHOD_SINCE): its rows and today's baselines do not compare."""
     return _version(grader_version) < _version(BASELINE_METHOD_SINCE[variant.split(":", 1)[0]])
+
+
+#: The oldest grader whose results this one reproduces: the same checks (so the same verdicts) and the
+#: same timing method. `--resume` skips a run graded by any version from this one to this grader's (a
+#: device call grades about ten runs, so a change that cannot move a verdict and moves a figure only as
+#: noise does must not send every graded run back to the GPU). 0.4.5 gives up a covered loop at its
+#: pilot calls where 0.4.4 ran it out to the same decision (COVER_PILOT_CALLS).
+RESULTS_COMPARABLE_SINCE = "0.4.4"
+
+
+def result_current(graded_by: str) -> bool:
+    """Whether a result graded by `graded_by` is one this grader would give (see RESULTS_COMPARABLE_SINCE)."""
+    return _version(RESULTS_COMPARABLE_SINCE) <= _version(graded_by) <= _version(GRADER_VERSION)
 
 
 def baseline_reusable(variant: str, measured_by: str) -> bool:

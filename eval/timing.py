@@ -26,7 +26,9 @@ Method of `time_cuda` (Triton's `do_bench` pattern, made stricter):
    A call whose dispatch outlasts COVER_MARGIN of its sleep was not covered, or waited on the GPU
    inside itself (which waits out the sleep too); where more than COVER_UNCOVERED_SHARE of the
    calls were so, the loop runs again behind a sleep COVER_RETRY_FACTOR times longer (since
-   0.4.1: a loaded host's dispatch had outgrown the first), and where that loop has as many, it
+   0.4.1: a loaded host's dispatch had outgrown the first; since 0.4.5 a loop is given up as soon as
+   more than COVER_PILOT_SHARE of its first COVER_PILOT_CALLS calls were so, the same decision
+   without the rest of its calls), and where that loop has as many, it
    runs "synchronised": no sleep, the GPU idle when the start event runs, a sample the call's
    whole latency (host dispatch plus GPU work; the method of every grader before 0.4.0). The
    judge also times the shape again synchronised where a call from an idle GPU to a device-wide
@@ -148,6 +150,8 @@ from .settings import (
     COVER_MARGIN,
     COVER_MAX_MS,
     COVER_MIN_MS,
+    COVER_PILOT_CALLS,
+    COVER_PILOT_SHARE,
     COVER_RETRY_FACTOR,
     COVER_UNCOVERED_SHARE,
     CPU_FLUSH_BYTES,
@@ -390,7 +394,9 @@ def time_cuda(
             stats = _covered(fn, feed, flush, iters, int(cycles * stretch))
             if stats is not None:
                 return stats, feed.last
-    return _timed_loop(fn, feed, flush, iters, 0), feed.last
+    stats = _timed_loop(fn, feed, flush, iters, 0)
+    assert stats is not None  # only a covered loop is ever given up
+    return stats, feed.last
 
 
 def _covered(fn: Callable[..., Any], feed: Feed, flush: torch.Tensor, iters: int, cycles: int) -> TimeStats | None:
@@ -408,8 +414,7 @@ def _covered(fn: Callable[..., Any], feed: Feed, flush: torch.Tensor, iters: int
         if loops > 1:
             time.sleep(FLOOR_WINDOW_PAUSE_MS / 1e3)
         stats = _timed_loop(fn, feed, flush, iters, cycles)
-        assert stats.cover is not None
-        if stats.cover.uncovered <= COVER_UNCOVERED_SHARE * iters:
+        if stats is not None and stats.cover is not None and stats.cover.uncovered <= COVER_UNCOVERED_SHARE * iters:
             runs.append((stats, stats.cover, feed.checkpoint()))
         elif not runs:
             return None  # the first loop outgrew its cover: the caller's longer sleep, not more loops
@@ -420,9 +425,12 @@ def _covered(fn: Callable[..., Any], feed: Feed, flush: torch.Tensor, iters: int
     return dataclasses.replace(best, cover=dataclasses.replace(cover, loops=loops))
 
 
-def _timed_loop(fn: Callable[..., Any], feed: Feed, flush: torch.Tensor, iters: int, cover_cycles: int) -> TimeStats:
+def _timed_loop(fn: Callable[..., Any], feed: Feed, flush: torch.Tensor, iters: int,
+                cover_cycles: int) -> TimeStats | None:
     """`iters` timed calls, each from a flushed L2 and an idle GPU, behind a sleep of
-    `cover_cycles` where that is not 0 (then the samples are `covered_samples`, else the GPU spans)."""
+    `cover_cycles` where that is not 0 (then the samples are `covered_samples`, else the GPU spans).
+    None: a covered loop given up after its pilot calls (COVER_PILOT_CALLS), most of which outlasted
+    their sleep."""
     gates = [torch.cuda.Event(enable_timing=True) for _ in range(iters if cover_cycles else 0)]
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
@@ -435,6 +443,9 @@ def _timed_loop(fn: Callable[..., Any], feed: Feed, flush: torch.Tensor, iters: 
         args = feed.next_inputs()
         flush.zero_()
         torch.cuda.synchronize()
+        if cover_cycles and i == COVER_PILOT_CALLS < iters and _outgrown(dispatch[:i], gates[:i], starts[:i]):
+            feed.done()
+            return None
         if cover_cycles:
             gates[i].record()
             t = time.perf_counter()
@@ -460,6 +471,13 @@ def _timed_loop(fn: Callable[..., Any], feed: Feed, flush: torch.Tensor, iters: 
     cover = Cover(statistics.median(spans), statistics.median(dispatch), statistics.median(sleeps),
                   sum(d >= COVER_MARGIN * s for d, s in zip(dispatch, sleeps, strict=True)), floor, least_launch)
     return dataclasses.replace(summarize(samples, wall_ms), cover=cover, method="covered")
+
+
+def _outgrown(dispatch_ms: Sequence[float], gates: Sequence[Any], starts: Sequence[Any]) -> bool:
+    """Did more than COVER_PILOT_SHARE of these calls (their events complete: the device was synchronised)
+    outlast their sleep?"""
+    uncovered = sum(d >= COVER_MARGIN * g.elapsed_time(s) for d, g, s in zip(dispatch_ms, gates, starts, strict=True))
+    return uncovered > COVER_PILOT_SHARE * len(dispatch_ms)
 
 
 def _cover_cycles(fn: Callable[..., Any], sets: list[Inputs]) -> int:

@@ -63,7 +63,8 @@ def _os_errors_are_one_line(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--only", "only", multiple=True, metavar="GLOB",
               help="Grade only runs whose run_id matches this glob (repeatable).")
 @click.option("--resume", is_flag=True,
-              help="Skip runs already graded on this GPU with the same solution and grader version.")
+              help="Skip runs already graded on this GPU with the same solution by a grader whose results "
+                   "this one reproduces (settings.RESULTS_COMPARABLE_SINCE up to this version).")
 @click.option("--regrade", is_flag=True,
               help="Grade everything selected even with --resume, and measure the baselines again.")
 @click.option("--prebuild/--no-prebuild", default=None,

@@ -208,6 +208,7 @@ def methodology(data: SiteData) -> dict[str, Any]:
         "prose_html": _markdown(prose) if prose else None,
         "grader_version": settings.GRADER_VERSION,
         "graded_versions": sorted({r.grader_version for r in data.results}),
+        "results_comparable_since": settings.RESULTS_COMPARABLE_SINCE,
         "superseded": [(gpu_label(data, r.gpu), data.runs[r.run_id].problem, r.run_id, r.grader_version)
                        for r in sorted(data.superseded, key=lambda r: (r.gpu, data.runs[r.run_id].problem, r.run_id))],
         "problems": [problem_rules(data.problems[k]) for k in sorted(data.problems)],

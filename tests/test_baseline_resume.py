@@ -88,6 +88,20 @@ def test_baselines_timed_before_the_covered_timer_are_measured_again(variant: st
     assert settings.baseline_reusable(variant, settings.GRADER_VERSION)
 
 
+@pytest.mark.parametrize(("graded_by", "current", "comparable_since", "skipped"), [
+    ("0.4.4", "0.4.5", "0.4.4", True),  # the pilot calls move no verdict and no figure beyond noise
+    ("0.4.5", "0.4.5", "0.4.4", True),
+    ("0.4.3", "0.4.5", "0.4.4", False),  # 0.4.4 bounded the probes' norm: a 0.4.3 pass may not be one now
+    ("0.4.6", "0.4.5", "0.4.4", False),  # a newer grader's rows are not this one's to trust
+    ("0.4.5.dev2", "0.4.5", "0.4.5", True),
+])
+def test_resume_skips_only_results_this_grader_would_give(monkeypatch: pytest.MonkeyPatch, graded_by: str,
+                                                          current: str, comparable_since: str, skipped: bool) -> None:
+    monkeypatch.setattr(settings, "GRADER_VERSION", current)
+    monkeypatch.setattr(settings, "RESULTS_COMPARABLE_SINCE", comparable_since)
+    assert settings.result_current(graded_by) is skipped
+
+
 @pytest.mark.parametrize(("status", "message", "retried"), [
     ("error", "OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB.", True),
     ("error", "RuntimeError: Expected trailing dimension of mat1 to be divisible by 16 (K=4127)", False),
