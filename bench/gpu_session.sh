@@ -4,7 +4,9 @@
 # bubblewrap_*.deb, and whl/nvidia_cutlass-*.whl), then optionally
 #   CASES=a,b   the GPU mechanism cases (CASES=, for all of them)
 #   IDS=file    grade these run ids (one per line) into a results folder seeded from SEED
-#               (SEED: a .tgz of a results folder, or a folder; default data/results)
+#               (SEED: a .tgz of a results folder, or a folder; default data/results);
+#               IDS=all grades every run of the deck not graded yet (--resume decides)
+#   DECK=mega   the Mega deck (default hard)
 #   BENCH=1     bench/gpu_grading.py on GPU 0 (LOAD busy processes)
 # Results are packed into $OUT (default ./gpu-session-out) every 30 s, so a call cut short still
 # returns what finished: res.tgz is a results folder, SEED for the next call and `eval merge`'s source.
@@ -57,9 +59,10 @@ if [ -n "${IDS:-}" ]; then
   SEED=${SEED:-data/results}
   mkdir -p $WORK/res
   if [ -f "$SEED" ]; then tar -C $WORK -xzf "$SEED"; else cp -r "$SEED"/. $WORK/res/; fi
-  only=(); while read -r id; do [ -n "$id" ] && only+=(--only "$id"); done < "$IDS"
-  echo "== grading $(( ${#only[@]} / 2 )) runs into a folder seeded from $SEED ($(left) s left)"
-  timeout -s INT "$(left)" .venv-eval/bin/kernelboard eval --deck eval/decks/hard --submissions data/submissions/hard \
+  only=(); [ "$IDS" = all ] || while read -r id; do [ -n "$id" ] && only+=(--only "$id"); done < "$IDS"
+  DECK=${DECK:-hard}
+  echo "== grading ${IDS/#all/every ungraded run of $DECK} (${#only[@]} flags) into a folder seeded from $SEED ($(left) s left)"
+  timeout -s INT "$(left)" .venv-eval/bin/kernelboard eval --deck eval/decks/$DECK --submissions data/submissions/$DECK \
     --out $WORK/res --resume "${only[@]}" 2>&1 | grep -v "^\s*$" | tail -80
   echo "== eval exited ${PIPESTATUS[0]} at $(( $(date +%s) - T0 )) s"
   grep -h "zygote" $WORK/res/h200/logs/*.log 2>/dev/null | sort | uniq -c | head -5
