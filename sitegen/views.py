@@ -44,7 +44,7 @@ from .board import (
 from .fastest import FastestLines, ShapeLines, summary
 from .format import model_slug, num, pct, speedup
 from .highlight import Code, code, page_gives_back
-from .load import CPU_KEY, Hardware, Problem, Result, SiteData
+from .load import CPU_KEY, HOST_BOUND_RATIO, Hardware, Problem, Result, SiteData
 from .run_notes import run_times, stale_claim
 
 #: A heading's explicit anchor in Markdown prose: "## Imported boards {#imported}" gets id="imported".
@@ -441,6 +441,7 @@ def run(data: SiteData, result: Result, lines: FastestLines | None = None) -> di
         "times": run_times(the_run, result),
         "fastest_arithmetic": _arithmetic(list(vs_fastest.terms)) if vs_fastest is not None else None,
         "shape_params": {s.shape_idx: _params(s.shape_json) for s in result.shapes},
+        "host_bound_ratio": HOST_BOUND_RATIO,
         "peak_text": peak_text(prob, data.hardware.get(result.gpu)),
         "source_code": code(source) if source is not None else None,
         "stale_claim": stale_claim(source, result),
