@@ -1,6 +1,6 @@
 """Host-bound shapes on run pages: a covered time well above the call's CUDA-graph GPU time was set by the
-host's dispatch, and moves with the grading host's CPU (gpt-5.5's 03 kernel: 2.85x, 3.57x and 5.08x over
-three H200 gradings on three hosts), so its run page says so beside the time."""
+host's dispatch, and moves with the grading host's CPU (gpt-5.5's 03 kernel: 3.57x and 5.08x under one
+timing method on two H200 hosts), so its run page says so beside the time."""
 
 from __future__ import annotations
 
