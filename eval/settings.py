@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from kernelboard import __version__
 
-#: Written into every result and baseline row; results of another version are regraded (--resume).
+#: Written into every result and baseline row; --resume regrades results of a version before
+#: RESULTS_COMPARABLE_SINCE (below).
 GRADER_VERSION = __version__
 #: Cached baseline rows are reused from any grader version from this one up to GRADER_VERSION:
 #: raise it whenever timing or the baseline worker changes what a baseline row means.
