@@ -205,6 +205,7 @@ def _check_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sh
     call runs under the op audit (when the problem forbids ops) and is judged like the rest."""
     worst = 0.0
     names = plan.layout.names if plan.layout is not None else None
+    spent = dict.fromkeys(("calls", "outputs", "inputs", "judging"), 0.0)  # seconds, for the log's split
     for j, check in enumerate(plan.checks):
         where = f"shape {plan.shape.idx} ({plan.shape.label}) {check.label}"
         if check.stress is ROUTER_NEAR_TIE:
@@ -221,15 +222,24 @@ def _check_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sh
             verdict = _judge(problem, check.ref_out, got, called_with, check.stress, names)
             if not verdict.ok:
                 raise Failure("wrong", f"{where} (op audit): {verdict.message}")
+        t0 = time.monotonic()
         reply = link.ask("call", where, shape=k, check=j, state_scale=check.stress.state_scale if check.stress else {},
                          scale={str(p): f for p, f in check.stress.scale.items()} if check.stress else {})
+        t1 = time.monotonic()
         _check_state(state, reply, f"during {where}")
         _check_inputs(shared[j], check.pristine, where, problem)
+        t2 = time.monotonic()
         got = reply.outputs([check.ref_out], names)[0]
+        t3 = time.monotonic()
         verdict = _judge(problem, check.ref_out, got, called_with, check.stress, names)
         if not verdict.ok:
             raise Failure("wrong", f"{where}: {verdict.message}")
         worst = max(worst, verdict.rel_err or 0.0)
+        for key, seconds in zip(spent, (t1 - t0, t3 - t2, t2 - t1, time.monotonic() - t3), strict=True):
+            spent[key] += seconds
+    log("worker", f"shape {plan.shape.idx}: {len(plan.checks)} checks: the runner's calls {spent['calls']:.1f} s, "
+                  f"their outputs read {spent['outputs']:.1f} s, inputs checked {spent['inputs']:.1f} s, "
+                  f"outputs judged {spent['judging']:.1f} s")
     return worst
 
 

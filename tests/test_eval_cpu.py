@@ -281,6 +281,19 @@ def test_each_worker_log_counts_its_own_seconds(graded) -> None:
     assert checked >= 5
 
 
+def test_a_passing_log_splits_each_shapes_correctness_time(graded) -> None:
+    """Where a shape's correctness time goes (the runner's calls, reading their outputs, checking the inputs,
+    judging the outputs), one line per shape: the figures the grade-time work reads off real GPU logs."""
+    root, rows = graded
+    row = rows["correct"]
+    text = (root / "results" / row["log_path"]).read_text()
+    split = re.findall(r"^\[worker\] shape \d+: (\d+) checks: the runner's calls ([0-9.]+) s, their outputs read "
+                       r"([0-9.]+) s, inputs checked ([0-9.]+) s, outputs judged ([0-9.]+) s", text, re.MULTILINE)
+    assert len(split) == row["n_shapes"] >= 1
+    assert all(int(n) >= 4 for n, *_ in split)
+    assert sum(float(x) for line in split for x in line[1:]) <= row["grade_seconds"]
+
+
 def test_tables_keep_the_contract(graded) -> None:
     root, _ = graded
     tables = load_all(root / "results")
