@@ -16,6 +16,7 @@ or a `kernelboard/` folder would replace the judge's own modules before it start
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -27,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from rich.console import Console
 
@@ -62,6 +63,46 @@ def cache_dir(cache_key: str) -> Path:
     """The compile caches of one solution (keyed by its hash): the one folder outside its scratch
     copy that its sandbox may write."""
     return Path(os.environ.get("KERNELBOARD_CACHE", Path.home() / ".cache" / "kernelboard")) / cache_key
+
+
+def hold_cache(cache_key: str, log: IO[str]) -> int:
+    """Join the builders of one solution's compile caches, for as long as the returned descriptor is open
+    (a prebuild's life, or a worker's): a shared `flock` on `<cache>.lock` beside the cache folder, where
+    the sandbox cannot write. The first to join, with nobody else holding it, first removes torch's
+    build batons (`torch_extensions/*/lock`): such a baton was left by a build that was killed (a
+    timeout, an interrupt, a device call's end), since every builder holds the lock until it is gone,
+    and torch's `FileBaton.wait` would wait for it forever: a 03 kernel's prebuild sat for 6 minutes
+    on the H200 behind the baton of its prebuild killed at the end of the call before. Builders that
+    overlap (two gradings of one solution) keep torch's own batons between them."""
+    cache = cache_dir(cache_key)
+    path = cache.parent / f"{cache.name}.lock"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise KernelboardError(f"{path}: cannot create the lock file ({exc.strerror or exc})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pass  # another build of this solution is running: its baton is live
+    else:
+        for baton in sorted(cache.glob("torch_extensions/*/lock")):
+            with contextlib.suppress(OSError):
+                baton.unlink()
+                log.write(f"[grader] removed {baton}: torch's build lock, left by a build that was killed "
+                          "(torch would wait for it forever)\n")
+        log.flush()
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+@contextlib.contextmanager
+def _holding_cache(cache_key: str, log: IO[str]) -> Iterator[None]:
+    fd = hold_cache(cache_key, log)
+    try:
+        yield
+    finally:
+        os.close(fd)  # after the build's processes were killed: a baton they left is stale from here
 
 
 def worker_env(cache_key: str, arch: str | None = None, interpret: bool = False) -> dict[str, str]:
@@ -141,7 +182,7 @@ def run_worker(job: Job, workdir: Path, log_path: Path, timeout_s: float, cache_
         log.flush()
     start = time.perf_counter()
     phase, phase_start = None, start
-    with log:
+    with log, _holding_cache(cache_key, log):
         env = worker_env(cache_key, arch, interpret=job.device == "cpu")
         proc: subprocess.Popen[bytes] | zygote.Forked | None = zygote.fork_worker([str(job_path)], workdir, env, log)
         if proc is None:
@@ -196,6 +237,7 @@ class Prebuild:
 
     proc: subprocess.Popen[bytes]
     started: float
+    cache_fd: int  # its share of the solution's compile caches (`hold_cache`), closed by `finish_prebuild`
     ended: float | None = None
 
     def watch(self) -> Prebuild:
@@ -217,12 +259,18 @@ def start_prebuild(problem_path: Path, solution_dir: Path, log_path: Path, cache
     with open(log_path, "w") as log:
         log.write(f"{cutlass_line()}\n")
         log.flush()
+        cache_fd = hold_cache(cache_key, log)
         started = time.monotonic()
-        proc = jail.start(cell, [sys.executable, "-m", "kernelboard.eval.prebuild", str(problem), str(solution_dir)],
-                          writable=[solution_dir, cache_dir(cache_key)], readable=[jail.problem_root(solution_dir)],
-                          cwd=solution_dir, env=env, device="cpu",
-                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).proc
-    return Prebuild(proc, started).watch()
+        try:
+            proc = jail.start(cell, [sys.executable, "-m", "kernelboard.eval.prebuild", str(problem),
+                                     str(solution_dir)],
+                              writable=[solution_dir, cache_dir(cache_key)], readable=[jail.problem_root(solution_dir)],
+                              cwd=solution_dir, env=env, device="cpu",
+                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).proc
+        except BaseException:
+            os.close(cache_fd)
+            raise
+    return Prebuild(proc, started, cache_fd).watch()
 
 
 def finish_prebuild(prebuild: Prebuild, timeout_s: float) -> float:
@@ -231,6 +279,8 @@ def finish_prebuild(prebuild: Prebuild, timeout_s: float) -> float:
     with contextlib.suppress(subprocess.TimeoutExpired):
         prebuild.proc.wait(timeout=timeout_s)
     _kill_group(prebuild.proc)
+    with contextlib.suppress(OSError):
+        os.close(prebuild.cache_fd)  # after the kill: a baton it left is stale from here
     for _ in range(100):  # the watcher stamps the exit a moment after wait() returns here
         if prebuild.ended is not None:
             break

@@ -65,3 +65,57 @@ def test_cutlass_headers_are_exported_when_the_package_is_installed(tmp_path: Pa
     assert env["CPLUS_INCLUDE_PATH"].split(":")[0] == str(include)
     assert env["CUTLASS_PATH"] == str(package / "source")
     assert env["TORCH_CUDA_ARCH_LIST"] == "9.0"  # builds target the grading GPU, in prebuild and worker alike
+
+
+# A build as torch's `cpp_extension` makes one (`_jit_compile`): under a `FileBaton` in the extension's build
+# folder, or waiting for whoever holds it, forever.
+BATON_BUILD = """
+import os, pathlib
+from torch.utils.file_baton import FileBaton
+build = pathlib.Path(os.environ["TORCH_EXTENSIONS_DIR"]) / "baton_extension"
+build.mkdir(parents=True, exist_ok=True)
+baton = FileBaton(str(build / "lock"))
+if baton.try_acquire():
+    (build / "built").write_text("{tag}")
+    baton.release()
+    print("BUILT UNDER THE BATON", flush=True)
+else:
+    baton.wait()
+    print("WAITED FOR THE BATON", flush=True)
+from reference import Model, get_inputs, get_init_inputs  # noqa: F401
+"""
+
+
+def test_a_baton_left_by_a_killed_build_is_removed_before_the_next_build(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, measured_baselines: MeasuredBaselines) -> None:
+    """A build killed mid-way (a timeout, an interrupt, the end of a device call) leaves torch's baton in the
+    solution's cache, and every later build of that solution waited for it forever (a 03 prebuild on the
+    H200: 6 minutes, to the call's end). Both build paths clear it first: the worker's (the first
+    submission, which has no prebuild) and the prebuild's (the second)."""
+    from kernelboard.eval.sandbox import cache_dir
+    from kernelboard.eval.submission import discover
+
+    monkeypatch.setenv("KERNELBOARD_CACHE", str(tmp_path / "cache"))
+    subs = tmp_path / "subs"
+    for name in ("a_worker_builds", "b_prebuild_builds"):
+        (subs / name).mkdir(parents=True)
+        (subs / name / "solution.py").write_text(BATON_BUILD.replace("{tag}", name))
+        (subs / name / "run.yaml").write_text("problem: 03_paged_attention\nmodel: t\nharness: pytest\n"
+                                              "agent_outcome: completed\n")
+    for sub in discover(subs)[0]:
+        stale = cache_dir(sub.solution_sha256() or sub.run_id) / "torch_extensions" / "baton_extension" / "lock"
+        stale.parent.mkdir(parents=True)
+        stale.write_text("")  # what a killed build leaves: torch's O_EXCL file, nobody to remove it
+    out = tmp_path / "out"
+    measured_baselines.copy_into(out, ["03_paged_attention"], rep_ms=20.0)
+    rows = run_eval(EvalOptions(deck=DECK, submissions=subs, out=out, device="cpu", rep_ms=20.0, prebuild=True,
+                                build_timeout_s=30.0, timeout_s=120.0))
+    assert [r["status"] for r in rows] == ["pass", "pass"], [r["message"] for r in rows]
+    logs = out / "cpu" / "logs"
+    worker = (logs / "a_worker_builds.log").read_text()
+    assert "baton_extension/lock: torch's build lock, left by a build that was killed" in worker
+    assert "BUILT UNDER THE BATON" in worker
+    prebuild = (logs / "b_prebuild_builds.prebuild.log").read_text()
+    assert "baton_extension/lock: torch's build lock, left by a build that was killed" in prebuild
+    assert "BUILT UNDER THE BATON" in prebuild and "[prebuild] imported" in prebuild
+    assert "removed" not in (logs / "b_prebuild_builds.log").read_text()  # the prebuild's baton was its own
