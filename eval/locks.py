@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kernelboard.errors import KernelboardError
 
-__all__ = ["LockWaitWarning", "hold", "lock_dir"]
+__all__ = ["LockWaitWarning", "hold", "lock_dir", "open_lock_file"]
 
 _HELD = threading.local()
 
@@ -56,6 +56,16 @@ def _holder(fd: int) -> str:
     return text or "another process"
 
 
+def open_lock_file(path: Path) -> int:
+    """A descriptor of the lock file `path` (created, with its folder, when missing), to `flock`; a file
+    that cannot be created is a `KernelboardError` naming it (a read-only or full disk)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise KernelboardError(f"{path}: cannot create the lock file ({exc.strerror or exc})") from None
+
+
 @contextlib.contextmanager
 def hold(path: Path, what: str) -> Iterator[None]:
     """Hold an exclusive lock on `path` (created, with its folder, when missing) for the block.
@@ -72,11 +82,7 @@ def hold(path: Path, what: str) -> Iterator[None]:
         finally:
             held[key] -= 1
         return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError as exc:
-        raise KernelboardError(f"{path}: cannot create the lock file ({exc.strerror or exc})") from None
+    fd = open_lock_file(path)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

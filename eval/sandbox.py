@@ -38,7 +38,7 @@ from . import jail, zygote
 from .cutlass_headers import find_cutlass
 from .jail import Jail
 from .job import Job
-from .locks import hold, lock_dir
+from .locks import hold, lock_dir, open_lock_file
 
 _console = Console(stderr=True, soft_wrap=True)  # lines a program may read never break mid-word
 
@@ -75,12 +75,7 @@ def hold_cache(cache_key: str, log: IO[str]) -> int:
     on the H200 behind the baton of its prebuild killed at the end of the call before. Builders that
     overlap (two gradings of one solution) keep torch's own batons between them."""
     cache = cache_dir(cache_key)
-    path = cache.parent / f"{cache.name}.lock"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError as exc:
-        raise KernelboardError(f"{path}: cannot create the lock file ({exc.strerror or exc})") from None
+    fd = open_lock_file(cache.parent / f"{cache.name}.lock")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -9,6 +9,7 @@ site), where Fable 5 has two published runs (IMP_SPEED, IMP_OFF) not graded on t
 
 from __future__ import annotations
 
+import functools
 import shutil
 from pathlib import Path
 
@@ -36,6 +37,7 @@ def committed() -> SiteData:
     return load_site(DATA, DECKS)
 
 
+@functools.cache
 def _all_runs() -> dict[str, dict]:
     runs: dict[str, dict] = {}
     for folder in sorted((DATA / "results").iterdir()):
@@ -53,17 +55,18 @@ def _version(text: str) -> tuple[int, ...]:
 COMPILE_METHOD_SINCE = (0, 4, 2)
 
 
-def _superseded_ids(gpu: str) -> set[str]:
+@functools.cache
+def _superseded_ids(gpu: str) -> frozenset[str]:
     """Run ids of `gpu`'s passes timed before COMPILE_METHOD_SINCE on a problem whose compile baselines on
     `gpu` were measured since, read straight off the parquet tables."""
     runs = _all_runs()
     folder = DATA / "results" / gpu
     rebaselined = {(b["bench"], b["problem"]) for b in pq.read_table(folder / "baselines.parquet").to_pylist()
                    if b["variant"].startswith("compile") and _version(b["grader_version"]) >= COMPILE_METHOD_SINCE}
-    return {r["run_id"] for r in pq.read_table(folder / "results.parquet").to_pylist()
-            if r["status"] == "pass" and not r["measured_by"].endswith("(imported)")
-            and (runs[r["run_id"]]["bench"], runs[r["run_id"]]["problem"]) in rebaselined
-            and _version(r["grader_version"]) < COMPILE_METHOD_SINCE}
+    return frozenset(r["run_id"] for r in pq.read_table(folder / "results.parquet").to_pylist()
+                     if r["status"] == "pass" and not r["measured_by"].endswith("(imported)")
+                     and (runs[r["run_id"]]["bench"], runs[r["run_id"]]["problem"]) in rebaselined
+                     and _version(r["grader_version"]) < COMPILE_METHOD_SINCE)
 
 
 def _counts(model: str, gpu: str, bench: str, problems: set[str]) -> tuple[int, int]:
@@ -126,7 +129,7 @@ def test_the_committed_superseded_passes_are_those_the_tables_say(committed: Sit
     assert not held & {r.run_id for r in committed.results if r.gpu == "h200"}
 
 
-def test_superseded_passes_are_on_no_page_but_the_methodologys(tmp_path: Path) -> None:
+def test_superseded_passes_are_on_no_page_but_the_methodologys(committed: SiteData, tmp_path: Path) -> None:
     """A copy of the committed data in which 01's compile baselines on the H200 were measured by today's
     method: every 01 pass graded before it is on no board, problem page or run page of the H200, and is
     listed on the methodology page; 01's failures keep their place (a verdict carries no speed)."""
@@ -142,7 +145,7 @@ def test_superseded_passes_are_on_no_page_but_the_methodologys(tmp_path: Path) -
     site = load_site(data, DECKS)
     held = {r.run_id for r in site.superseded}
     assert {r.run_id for r in site.superseded if site.runs[r.run_id].problem == "01_fp8_gemm"} == {
-        r.run_id for r in load_site(DATA, DECKS).results if r.gpu == "h200" and r.is_pass
+        r.run_id for r in committed.results if r.gpu == "h200" and r.is_pass
         and r.run_id.endswith("_01_fp8_gemm") and _version(r.grader_version) < COMPILE_METHOD_SINCE} != set()
     failures = {r.run_id for r in site.results
                 if r.gpu == "h200" and not r.is_pass and r.run_id.endswith("_01_fp8_gemm")}
