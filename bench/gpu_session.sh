@@ -11,6 +11,7 @@
 # Results are packed into $OUT (default ./gpu-session-out) every 30 s, so a call cut short still
 # returns what finished: res.tgz is a results folder, SEED for the next call and `eval merge`'s source.
 # DEADLINE: seconds after the start at which gradings are interrupted (SIGINT: finished rows stay).
+# WORK: the scratch folder (default /tmp/work); give each of two sessions in one call its own.
 set -u
 T0=$(date +%s)
 CARRY=${CARRY:-.carry}
@@ -31,7 +32,7 @@ make -s .venv-eval/bin/python PYTHON=python3 >/dev/null || exit 1
 .venv-eval/bin/python -c "import torch, kernelboard; print('torch', torch.__version__, torch.cuda.get_device_name())"
 echo "== setup done at $(( $(date +%s) - T0 )) s"
 
-WORK=/tmp/work
+WORK=${WORK:-/tmp/work}
 mkdir -p $WORK
 pack() {  # the results folder (logs included) and the GPU suite's folder, as they are now
   [ -d $WORK/res ] && tar -C $WORK -czf "$OUT/res.tgz.part" res && mv "$OUT/res.tgz.part" "$OUT/res.tgz"
