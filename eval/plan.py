@@ -52,7 +52,19 @@ def draw_inputs(reference: types.ModuleType, seed: int, device: str, on_device: 
     torch.manual_seed(seed)
     with torch.device(device) if on_device else contextlib.nullcontext():
         drawn = reference.get_inputs()
-    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in drawn]
+    return [moved(x, device) for x in drawn]
+
+
+def moved(value: Any, device: str) -> Any:
+    """`value` on `device`, into lists, tuples and dicts: a stateful problem's inputs are a hidden
+    tensor and a state of per-layer dicts (Mega's `get_inputs()`), all of which must move."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {key: moved(item, device) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(moved(item, device) for item in value)
+    return value
 
 
 def draw_fresh(reference: types.ModuleType, seed: int, device: str, on_device: bool = False) -> list[Any]:

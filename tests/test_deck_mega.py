@@ -301,3 +301,12 @@ def test_a_wrong_cache_row_passes_the_cosine_but_not_the_bound(ref: types.Module
     cos = F.cosine_similarity(cache.float().flatten(), wrong.float().flatten(), dim=0).item()
     assert cos >= raw["stateful"]["cos_sim"]
     assert _agrees(cache, wrong, raw, elementwise=True) is not None
+
+
+def test_drawn_state_moves_to_the_device_with_the_hidden_vector(ref: types.ModuleType, problem: Problem) -> None:
+    """The state is a list of per-layer dicts: every tensor in it moves, not only the top-level hidden
+    vector (on the H200 a CPU state met a CUDA projection in the reference's first conv)."""
+    apply_shape(ref, problem, problem.cpu_shapes[0])
+    hidden, state = draw_inputs(ref, 5, "meta")
+    assert hidden.device.type == "meta"
+    assert {t.device.type for layer in state for t in layer.values()} == {"meta"}
