@@ -19,7 +19,15 @@ import torch
 from .correctness import Output
 from .deck import Problem, Shape, StressCase
 from .problem import Stateful
-from .settings import PROOF_MAX_BYTES, PROOF_MAX_SETS, PROOF_MIN_SETS, PROOF_REF_BUDGET_S, PROOF_ROUNDS
+from .settings import (
+    PROOF_MAX_BYTES,
+    PROOF_MAX_SETS,
+    PROOF_MIN_SETS,
+    PROOF_REF_BUDGET_S,
+    PROOF_ROUNDS,
+    ROUTER_CLEAR_DRAWS,
+    ROUTER_CLEAR_FACTOR,
+)
 from .stateful import StepAdapter, StepLayout, clone_flat
 
 
@@ -253,13 +261,29 @@ def _plan_steps(problem: Problem, spec: Stateful, reference: types.ModuleType, r
             plan.checks.append(Check(f"seed {seed} step {j}", flat, list(flat), ref_out,
                                      ROUTER_NEAR_TIE if near_tie else None))
             flat = list(ref_out)
+
+    def draw_clear(seed: int) -> list[Any]:
+        """A set for timing or a floor batch: a drawn state clear of router ties (ROUTER_CLEAR_*)."""
+        if spec.router_margin_ulps is None:
+            return draw(seed)
+        widest, widest_margin = [], -math.inf
+        for k in range(ROUTER_CLEAR_DRAWS):
+            flat = draw(seed + 1_000_003 * k)
+            step(*clone_flat(flat))
+            margin = min(step.last_margins, default=math.inf)
+            if margin >= ROUTER_CLEAR_FACTOR * spec.router_margin_ulps:
+                return flat
+            if margin > widest_margin:
+                widest, widest_margin = flat, margin
+        return widest
+
     for seed in timing_seeds:
-        flat = draw(seed + 7919 * plan.shape.idx)
+        flat = draw_clear(seed + 7919 * plan.shape.idx)
         plan.timing_sets.append(flat)
         plan.timing_refs.append(step(*clone_flat(flat)))
         plan.timing_seeds.append(seed + 7919 * plan.shape.idx)
     if proof_seed is not None:
-        _proof_sets(plan, reference, step, proof_seed + 7919 * plan.shape.idx, device, draw=draw)
+        _proof_sets(plan, reference, step, proof_seed + 7919 * plan.shape.idx, device, draw=draw_clear)
 
 
 def _nbytes(inputs: list[Any]) -> int:

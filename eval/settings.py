@@ -60,6 +60,15 @@ LIBRARY_KERNEL = re.compile(
 #: host-synchronised time against 1.5× the median and flagged such kernels on some gradings).
 ESCAPE_FRACTION, ESCAPE_SLACK_MS = 0.05, 0.05
 
+#: A stateful deck's timing and floor-batch sets are drawn states whose every router choice is clear:
+#: the first of up to ROUTER_CLEAR_DRAWS draws whose least router margin is at least
+#: ROUTER_CLEAR_FACTOR × the deck's `router_margin_ulps`, else the widest of them. Checked steps may
+#: sit at a near-tie (their element-wise bound is then lifted); a timed output is judged element-wise
+#: always, so a rounding that picks the other expert there must not be possible. On the H200 (Mega,
+#: 64 experts, top 8) torch.compile's step and the tuned baseline, both faithful, chose another
+#: expert than the eager reference on a timing set of each of two contexts (‖d‖/‖ref‖ 0.12–0.16).
+ROUTER_CLEAR_FACTOR, ROUTER_CLEAR_DRAWS = 4.0, 8
+
 #: The L2 flush buffer zeroed before every timed call is this many times the L2 size …
 L2_FLUSH_FACTOR = 2
 #: … and never smaller than this many bytes.

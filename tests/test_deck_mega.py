@@ -307,6 +307,61 @@ def test_drawn_state_moves_to_the_device_with_the_hidden_vector(ref: types.Modul
     """The state is a list of per-layer dicts: every tensor in it moves, not only the top-level hidden
     vector (on the H200 a CPU state met a CUDA projection in the reference's first conv)."""
     apply_shape(ref, problem, problem.cpu_shapes[0])
-    hidden, state = draw_inputs(ref, 5, "meta")
-    assert hidden.device.type == "meta"
-    assert {t.device.type for layer in state for t in layer.values()} == {"meta"}
+    for on_device in (False, True):  # draw_on_device: drawn on the CPU under the device's context, then moved
+        hidden, state = draw_inputs(ref, 5, "meta", on_device)
+        assert hidden.device.type == "meta"
+        assert {t.device.type for layer in state for t in layer.values()} == {"meta"}
+
+
+
+def _plan_with_margins(problem: Problem) -> tuple[Any, Any, list[float]]:
+    """make_plan on the first CPU shape, and the reference's least router margin (ulps) on every
+    timing and floor-batch set it drew, recomputed here on a model of its own."""
+    from kernelboard.eval import plan as plan_module
+    from kernelboard.eval.stateful import StepAdapter, clone_flat
+
+    reference = plan_module.import_file("reference", problem.reference_path)
+    (plan,) = plan_module.make_plan(problem, reference, (problem.cpu_shapes[0],), [0], (2026, 2027), "cpu",
+                                    proof_seed=97)
+    assert plan.layout is not None
+    model = plan_module.build_model(reference, plan.init_args, "cpu")
+    model.load_state_dict(plan.state_dict)
+    step = StepAdapter(model, plan.layout, "step", margins=True)
+    margins = []
+    for flat in [*plan.timing_sets, *(s for batch in plan.proof_sets for s in batch)]:
+        with torch.no_grad():
+            step(*clone_flat(flat))
+        margins.append(min(step.last_margins))
+    return reference, plan, margins
+
+
+def test_timed_sets_are_clear_of_router_ties(problem: Problem) -> None:
+    """A timed output is judged element-wise, so no timing or floor-batch set may sit where a rounding
+    picks another expert (on the H200, torch.compile's faithful step did on a drawn set)."""
+    from kernelboard.eval.settings import ROUTER_CLEAR_FACTOR
+
+    _, plan, margins = _plan_with_margins(problem)
+    assert len(margins) == len(plan.timing_sets) + sum(map(len, plan.proof_sets)) >= 2 + 2
+    assert problem.stateful is not None and problem.stateful.router_margin_ulps is not None
+    assert min(margins) >= ROUTER_CLEAR_FACTOR * problem.stateful.router_margin_ulps
+
+
+def test_with_no_clear_draw_the_widest_margin_is_timed(problem: Problem, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernelboard.eval import plan as plan_module
+    from kernelboard.eval.settings import ROUTER_CLEAR_DRAWS
+
+    monkeypatch.setattr(plan_module, "ROUTER_CLEAR_FACTOR", 1e12)
+    reference, plan, margins = _plan_with_margins(problem)
+    model = plan_module.build_model(reference, plan.init_args, "cpu")
+    model.load_state_dict(plan.state_dict)
+    for flat, seed, margin in zip(plan.timing_sets, plan.timing_seeds, margins, strict=False):
+        candidates = []
+        for k in range(ROUTER_CLEAR_DRAWS):
+            hidden, state = draw_inputs(reference, seed + 1_000_003 * k, "cpu")
+            found: list[float] = []
+            with torch.no_grad():
+                model.step(hidden, state, found)
+            candidates.append((min(found), hidden))
+        widest, hidden = max(candidates, key=lambda c: c[0])
+        assert len({m for m, _ in candidates}) > 1  # the draws differ, so the choice means something
+        assert margin == widest and torch.equal(flat[0], hidden)

@@ -393,11 +393,11 @@ def init_state(cfg: Config, context_len: int, seed: int, device: torch.device | 
     """The decode state after `context_len` tokens: per KDA layer S (H, Dk, Dk) fp32 ~ 0.05·N and the
     conv windows cq, ck, cv (width−1, H·Dk) bf16 ~ 0.1·N; for the MLA layer the caches c_kv
     (context_len, kv_lora) and k_rope (context_len, qk_rope) bf16 ~ 0.1·N."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed)  # on the CPU even under a `torch.device` context
     c = cfg.kda_heads * cfg.kda_head_dim
 
     def draw(*shape: int, scale: float, dtype: torch.dtype) -> torch.Tensor:
-        return (torch.randn(*shape, generator=gen) * scale).to(dtype).to(device)
+        return (torch.randn(*shape, generator=gen, device="cpu") * scale).to(dtype).to(device)
 
     state: list[dict[str, torch.Tensor]] = []
     for kind in cfg.pattern:
@@ -413,8 +413,8 @@ def init_state(cfg: Config, context_len: int, seed: int, device: torch.device | 
 
 def init_token(cfg: Config, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """The incoming hidden vector: (hidden,) bf16 ~ 0.25·N, from seed + 1 (not the state's stream)."""
-    gen = torch.Generator().manual_seed(seed + 1)
-    return (torch.randn(cfg.hidden, generator=gen) * 0.25).to(cfg.dtype).to(device)
+    gen = torch.Generator(device="cpu").manual_seed(seed + 1)
+    return (torch.randn(cfg.hidden, generator=gen, device="cpu") * 0.25).to(cfg.dtype).to(device)
 
 
 def clone_state(state: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
@@ -459,5 +459,5 @@ def get_inputs() -> list:
     """[hidden, state] at CONTEXT_LEN, drawn from a seed taken from the global CPU RNG (so the
     grader's torch.manual_seed(seed) before the call decides them, as for the Hard decks)."""
     cfg = _config_from_globals()
-    seed = int(torch.randint(0, 2**31 - 1, ()))
+    seed = int(torch.randint(0, 2**31 - 1, (), device="cpu"))  # the CPU generator under any device context
     return [init_token(cfg, seed), init_state(cfg, CONTEXT_LEN, seed)]
