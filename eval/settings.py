@@ -191,7 +191,9 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: same timing method. `--resume` skips a run graded by any version from this one to this grader's (a
 #: device call grades about ten runs, so a change that cannot move a verdict and moves a figure only as
 #: noise does must not send every graded run back to the GPU). 0.4.5 gives up a covered loop at its
-#: pilot calls where 0.4.4 ran it out to the same decision (COVER_PILOT_CALLS).
+#: pilot calls where 0.4.4 ran it out to the same decision (COVER_PILOT_CALLS). 0.4.6 changes only
+#: stateful (Mega) grading, which no earlier grader ran on a GPU: its state moved to the device, its
+#: weights drawn there, its timed sets drawn clear of router ties.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 
