@@ -271,19 +271,22 @@ class _Targets:
                 row.append((part, probe_positions(seed * 16 + i, part.numel(), "cpu"), atol, rtol))
             self.rows.append(row)
 
-    def check(self, got: list[list[list[float] | None]], which: list[int], what: str) -> None:
-        """`got[i]`, the probed elements of call i, against reference `which[i]`'s; a miss is wrong."""
-        for i, (row, j) in enumerate(zip(got, which, strict=True)):
-            if len(row) != len(self.rows[j]):
-                raise Failure("wrong", f"{what} {i}: {len(row)} output parts probed, expected {len(self.rows[j])}")
-            for part, (values, target) in enumerate(zip(row, self.rows[j], strict=True)):
+    def check(self, got: torch.Tensor, which: list[int], what: str) -> None:
+        """`got[i]`, the probed elements of call i (Reply.probes: parts × PROBE_ELEMENTS, NaN past a
+        part's length), against reference `which[i]`'s; a miss is wrong."""
+        parts = got.shape[1]
+        for i, j in enumerate(which):
+            if parts != len(self.rows[j]):
+                raise Failure("wrong", f"{what} {i}: {parts} output parts probed, expected {len(self.rows[j])}")
+            for part, target in enumerate(self.rows[j]):
                 if target is None:
                     continue
-                name = f"{what} {i} (input set {j}{f', output {part}' if len(row) > 1 else ''})"
-                if values is None:
+                name = f"{what} {i} (input set {j}{f', output {part}' if parts > 1 else ''})"
+                values = got[i, part, :target[1].numel()]
+                if not bool(torch.isfinite(values).all()):
                     raise Failure("wrong", f"{name} returned an output that is not a plain tensor of the reference's "
                                            f"size, or holds NaN or Inf")
-                why = probe_problem(*target[:2], values, *target[2:])
+                why = probe_problem(*target[:2], values.tolist(), *target[2:])
                 if why:
                     raise Failure("wrong", f"{name} returned a wrong output: {why}")
 

@@ -29,7 +29,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from .correctness import Output, check_type
+from .correctness import PROBE_ELEMENTS, Output, check_type
 from .failure import Failure, one_line, status_of
 from .probe import torch_global_state
 from .protocol import MAX_PARTS, Channel, Deadline, ProtocolError, RunnerGone, decode_tensor, tensor_meta
@@ -71,6 +71,7 @@ class Reply:
     def __init__(self, link: RunnerLink, header: dict[str, Any], what: str) -> None:
         self.link, self.header, self.what = link, header, what
         self.error: dict[str, Any] | None = None
+        self._probes_read = "probes" not in header  # its frame comes first (RunnerLink._header)
 
     def _bad(self, detail: str) -> Failure:
         self.link.close()
@@ -114,16 +115,24 @@ class Reply:
             raise self._bad(f"{key!r} is not a list of short strings")
         return v
 
-    def probes(self, n: int) -> list[list[list[float] | None]]:
-        """Per-call probed output elements (timing.py): n lists of up to MAX_PARTS parts, each a
-        short list of finite numbers or null."""
-        v = self.header.get("probes")
-        if not (isinstance(v, list) and len(v) == n and all(
-                isinstance(row, list) and len(row) <= MAX_PARTS
-                and all(part is None or (isinstance(part, list) and len(part) <= 4096 and all(
-                    type(x) in (int, float) and math.isfinite(x) for x in part)) for part in row) for row in v)):
-            raise self._bad(f"'probes' is not a list of {n} lists of probed elements")
-        return [[None if part is None else [float(x) for x in part] for part in row] for row in v]
+    def probes(self, n: int) -> torch.Tensor:
+        """Per-call probed output elements (timing.py) from the reply's probe frame: a float64
+        tensor (n calls, up to MAX_PARTS parts, PROBE_ELEMENTS), NaN where a part was not probed
+        and past each part's own length (the judge's targets know the lengths)."""
+        if self._probes_read:
+            raise self._bad("the probes were read twice")  # a judge bug: the frame is gone
+        self._probes_read = True
+        try:
+            shape, dtype, _, nbytes = tensor_meta(self.header.get("probes"))
+        except ProtocolError as exc:
+            raise self._bad(f"'probes' does not describe a tensor: {exc}") from None
+        if dtype != torch.float64 or len(shape) != 3 or shape[0] != n or shape[1] > MAX_PARTS \
+                or shape[2] != PROBE_ELEMENTS:
+            raise self._bad(f"'probes' is a {list(shape)} {str(dtype).removeprefix('torch.')} tensor, expected "
+                            f"float64 [{n}, parts ≤ {MAX_PARTS}, {PROBE_ELEMENTS}]")
+        self.link._pending.popleft()
+        blob = self.link._talk(self.what, lambda d: self.link.chan.recv_blob(nbytes, d))
+        return decode_tensor(blob, shape, dtype)
 
     def state(self, like: dict[str, Any]) -> dict[str, Any]:
         """Torch's global switches as reported, with exactly the keys of `like`."""
@@ -136,6 +145,9 @@ class Reply:
     def outputs(self, refs: list[Output], names: list[str] | None = None) -> list[Received]:
         """The reply's outputs, one per reference, in order; `names` name a tuple's parts in messages
         (a stateful step's: 'hidden', 'state[0].S', …)."""
+        if not self._probes_read:  # the probe frame precedes the outputs' frames
+            self._probes_read = True
+            self.link._talk(self.what, lambda d: self.link.chan.skip_blob(self.link._pending.popleft(), d))
         entries = self.header.get("outputs")
         if not (isinstance(entries, list) and len(entries) == len(refs)):
             raise self._bad(f"'outputs' is not a list of {len(refs)} entries")
@@ -194,6 +206,10 @@ class RunnerLink:
         header = self.chan.recv_header(deadline)
         ok = header.get("ok")
         if ok is True:
+            if "probes" in header:  # timing.py's probe frame, before the outputs' frames
+                if not (isinstance(header["probes"], dict) and header["probes"].get("kind") == "tensor"):
+                    raise ProtocolError("'probes' is not a tensor entry")
+                self._announce(header["probes"])
             for entry in header.get("outputs") or []:
                 parts = entry.get("parts") if isinstance(entry, dict) and entry.get("kind") == "tuple" else [entry]
                 if not (isinstance(parts, list) and 0 < len(parts) <= MAX_PARTS):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import itertools
+import math
 import os
 import signal
 import socket
@@ -39,7 +40,7 @@ from typing import Any, NamedTuple
 import torch
 
 from . import audit, origins
-from .correctness import probe, probe_positions
+from .correctness import PROBE_ELEMENTS, probe, probe_positions
 from .deck import load_problem
 from .plan import apply_shape, build_model, import_file, install_shapes_module, scaled_positions, scaled_state
 from .probe import torch_global_state
@@ -104,18 +105,22 @@ class _Probe:
         return got
 
 
-def _finish(probes: list[list[torch.Tensor | None]]) -> list[list[list[float] | None]]:
-    """Probed elements as JSON numbers (None for a part that could not be probed or holds a
-    NaN or Inf), one synchronise."""
-    flat = [p for row in probes for p in row if p is not None]
-    values = iter(torch.stack(flat).cpu().tolist()) if flat else iter(())
-    out: list[list[list[float] | None]] = []
-    for row in probes:
-        out.append([])
-        for p in row:
-            v = next(values) if p is not None else None
-            finite = v is not None and all(x == x and abs(x) != float("inf") for x in v)
-            out[-1].append(v if finite else None)
+def _finish(probes: list[list[torch.Tensor | None]]) -> torch.Tensor:
+    """Probed elements as one float64 CPU tensor (calls, parts, PROBE_ELEMENTS), one synchronise:
+    NaN for a part that could not be probed and past a part's own length (the judge knows each
+    part's). A binary frame, not JSON: a Mega step's 15 output parts × 32 elements over a timed
+    loop's calls made a 5.2 MB JSON header on the H200, past the protocol's bound for headers."""
+    parts = max(map(len, probes), default=0)
+    out = torch.full((len(probes), parts, PROBE_ELEMENTS), math.nan, dtype=torch.float64)
+    rows, cols, taken = [], [], []
+    for i, row in enumerate(probes):
+        for k, p in enumerate(row):
+            if p is not None:
+                rows.append(i)
+                cols.append(k)
+                taken.append(torch.nn.functional.pad(p, (0, PROBE_ELEMENTS - p.numel()), value=math.nan))
+    if taken:
+        out[rows, cols] = torch.stack(taken).cpu()
     return out
 
 
@@ -333,10 +338,11 @@ class _Runner:
             stats, last = time_cpu(shape.model, None, feed=feed, **kwargs)
         self._sync()
         encoded = [encode_output(out) for out in last]
+        probes, probe_blobs = encode_output(_finish(feed.taken))
         header = {"samples_ms": list(stats.samples_ms), "wall_ms": stats.wall_ms, "state": torch_global_state(),
-                  "probes": _finish(feed.taken), "outputs": [meta for meta, _ in encoded],
+                  "probes": probes, "outputs": [meta for meta, _ in encoded],
                   "cover": None if stats.cover is None else dataclasses.asdict(stats.cover)}
-        return header, [blob for _, blobs in encoded for blob in blobs]
+        return header, [*probe_blobs, *(blob for _, blobs in encoded for blob in blobs)]  # the probes' frame first
 
     def _op_proof(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
         """One floor batch (timing.floor_ms): each of its input sets called once, back to back, its
@@ -368,7 +374,8 @@ class _Runner:
             samples = [a.elapsed_time(b) for a, b in itertools.pairwise(marks)]
         else:
             samples = [(b - a) / 1e6 for a, b in itertools.pairwise(marks)]
-        return {"probes": probed, "samples_ms": samples}, []
+        probes, probe_blobs = encode_output(probed)
+        return {"probes": probes, "samples_ms": samples}, probe_blobs
 
     @staticmethod
     def _mark(cuda: bool) -> Any:

@@ -8,6 +8,7 @@ import os
 import socket
 import struct
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -346,3 +347,63 @@ def test_a_seeds_stress_cases_share_its_drawn_inputs_and_are_judged_on_them_scal
     arena = Arena({"checks": [c.inputs for c in plan.checks]})
     distinct_hidden = 2 + len(structural)  # each seed's draw, and each structural case's rewrite
     assert arena.size < (distinct_hidden + 1) * hidden.numel() * hidden.element_size()
+
+
+def _send_timed(sock: socket.socket, probes: list[list[torch.Tensor | None]], out: torch.Tensor) -> int:
+    """A runner's timing reply as runner._op_time sends it, from a thread (its frames outgrow the
+    socket's buffer); returns its header's size in bytes."""
+    meta, blobs = encode_output(runner._finish(probes))
+    out_meta, out_blobs = encode_output(out)
+    header = {"ok": True, "samples_ms": [1.0] * len(probes), "wall_ms": 1.0, "probes": meta, "outputs": [out_meta]}
+    threading.Thread(target=Channel(sock).send_reply, args=(header, [*blobs, *out_blobs]), daemon=True).start()
+    return len(str(header))
+
+
+def test_a_mega_steps_probes_travel_beside_a_small_header(pair) -> None:
+    """On the H200 a Mega step's 15 output parts × 32 probed elements over a timed loop's calls made
+    a 5.2 MB JSON header: the grading was a runtime_error of the grader's own. Probes now travel as
+    one float64 frame; parts shorter than PROBE_ELEMENTS and unprobed parts come back as NaN."""
+    from kernelboard.eval.correctness import PROBE_ELEMENTS
+
+    calls, parts = 2000, 15
+    link, theirs = pair()
+    gen = torch.Generator().manual_seed(0)
+    probes = [[torch.randn(PROBE_ELEMENTS if k else 5, dtype=torch.float64, generator=gen) if (i, k) != (7, 3) else None
+               for k in range(parts)] for i in range(calls)]
+    size = _send_timed(theirs, probes, torch.arange(4.0))
+    assert size < 16 << 10  # its samples; the JSON probes were 15 × 32 numbers a call: 2000 calls, over 4 MB
+    reply = link.ask("time", "shape 0: timing")
+    got = reply.probes(calls)
+    assert got.shape == (calls, parts, PROBE_ELEMENTS)
+    assert torch.equal(got[1, 2], probes[1][2]) and torch.equal(got[9, 0, :5], probes[9][0])
+    assert got[9, 0, 5:].isnan().all() and got[7, 3].isnan().all()
+    (out,) = reply.outputs([torch.zeros(4)])
+    assert torch.equal(out.tensor, torch.arange(4.0))  # the outputs' frames follow the probes'
+
+
+def test_outputs_read_before_the_probes_skip_the_probe_frame(pair) -> None:
+    link, theirs = pair()
+    _send_timed(theirs, [[torch.ones(3, dtype=torch.float64)]] * 2, torch.arange(3.0))
+    (out,) = link.ask("time", "shape 0: timing").outputs([torch.zeros(3)])
+    assert torch.equal(out.tensor, torch.arange(3.0))
+
+
+def _probe_meta(shape: list[int], dtype: str = "float64", nbytes: int | None = None) -> dict[str, object]:
+    size = 8 if dtype == "float64" else 4
+    return {"kind": "tensor", "shape": shape, "dtype": dtype, "device": "cpu",
+            "nbytes": size * shape[0] * shape[1] * shape[2] if nbytes is None else nbytes}
+
+
+@pytest.mark.parametrize(("probes", "why"), [
+    ([[1.0, 2.0]], "'probes' is not a tensor entry"),  # the JSON probes of grader 0.4.5
+    (_probe_meta([2, 1, 32], "float32"), r"'probes' is a \[2, 1, 32\] float32"),
+    (_probe_meta([3, 1, 32]), r"'probes' is a \[3, 1, 32\] float64"),
+    (_probe_meta([2, 1, 32], nbytes=8), "an output of 8 bytes"),
+])
+def test_a_probe_frame_that_is_not_what_the_judge_asked_for_is_refused(pair, probes: object, why: str) -> None:
+    link, theirs = pair()
+    blob = b"\0" * (probes["nbytes"] if isinstance(probes, dict) else 0)
+    Channel(theirs).send_reply({"ok": True, "samples_ms": [1.0, 1.0], "wall_ms": 1.0, "probes": probes},
+                               [memoryview(blob)] if blob else [])
+    with pytest.raises(Failure, match=f"broke the protocol: {why}"):
+        link.ask("time", "shape 0: timing").probes(2)
