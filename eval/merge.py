@@ -122,8 +122,10 @@ def has_tables(results_dir: Path) -> bool:
     return any(results_dir.glob("*/*.parquet"))
 
 
-def merge_results(src: Path, dst: Path) -> dict[str, Counter]:
-    """Merge every GPU folder of `src` into `dst`; returns added / replaced / kept counts per table."""
+def merge_results(src: Path, dst: Path, skip: frozenset[str] = frozenset()) -> dict[str, Counter]:
+    """Merge every GPU folder of `src` into `dst`; returns added / replaced / kept counts per table.
+    The runs in `skip` are left out of the source whole (their results, shape and runs rows, logs):
+    gradings the grader itself got wrong, which `--resume` must grade again rather than keep."""
     if src.resolve() == dst.resolve():
         raise UsageError(f"{src}: merging a results folder into itself")
     if any(src.glob("*.parquet")):
@@ -135,6 +137,12 @@ def merge_results(src: Path, dst: Path) -> dict[str, Counter]:
         load_all(src)  # every table of both sides valid before anything is written
         gpus = sorted(p.name for p in src.iterdir() if p.is_dir() and not p.name.startswith("."))
         theirs = {gpu: {name: _rows(src, gpu, name) for name in _ORDER} for gpu in gpus}
+    unknown = skip - {r["run_id"] for tables in theirs.values() for r in tables["results"]}
+    if unknown:
+        raise UsageError(f"{src}: no grading of {', '.join(sorted(unknown))} here to skip")
+    for tables in theirs.values():
+        for name in ("results", "shapes", "runs"):
+            tables[name] = [r for r in tables[name] if r["run_id"] not in skip]
     with results_lock(dst, f"kernelboard eval merge writing {dst}"):
         finish_pending(dst)
         return _merge_into(src, dst, theirs)

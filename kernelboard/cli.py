@@ -141,8 +141,10 @@ def eval_calibrate(out: Path) -> None:
 @click.argument("sources", nargs=-1, required=True, type=_EXISTING_DIR)
 @click.option("--into", "into", type=_DIR, default=Path("data/results"), show_default=True,
               help="Results folder to merge into (created if missing).")
+@click.option("--skip", "skip", multiple=True, metavar="RUN_ID",
+              help="Leave this run's grading out (repeatable): one the grader got wrong, to be graded again.")
 @_os_errors_are_one_line
-def eval_merge(sources: tuple[Path, ...], into: Path) -> None:
+def eval_merge(sources: tuple[Path, ...], into: Path, skip: tuple[str, ...]) -> None:
     """Merge results folders graded elsewhere (another GPU, another machine) into one.
 
     Where both hold the same run or baseline, the later measurement wins, so the order of the
@@ -151,7 +153,7 @@ def eval_merge(sources: tuple[Path, ...], into: Path) -> None:
     from kernelboard.eval.merge import merge_results
 
     for src in sources:
-        report = merge_results(src, into)
+        report = merge_results(src, into, skip=frozenset(skip))
         counts = "; ".join(f"{name} {c['added']} added, {c['replaced']} replaced, {c['kept']} kept"
                            for name, c in report.items() if name != "shapes")
         if report["shapes"]["removed"]:

@@ -172,3 +172,21 @@ def test_merge_runs_outside_the_repository_root(folders: tuple[Path, Path], tmp_
     assert result.exit_code == 0, result.output
     refused = CliRunner().invoke(main, ["eval", "--device", "cpu"])
     assert refused.exit_code == 2 and "'--deck'" in refused.output and "does not exist" in refused.output
+
+
+def test_skipped_runs_are_left_out_whole_and_an_unknown_one_is_refused(folders: tuple[Path, Path]) -> None:
+    """A grading the grader got wrong (the H200's Mega opus-4-8 rows: its own protocol bound) must
+    not land, or `--resume` would keep it as graded."""
+    src, dst = folders
+    runner = CliRunner()
+    ok = runner.invoke(main, ["eval", "merge", str(src), "--into", str(dst), "--skip", PAGED, "--skip", W4_V3])
+    assert ok.exit_code == 0, ok.output
+    assert f"results 0 added, 0 replaced, {_all_results() - 2} kept" in ok.output
+    results = _by_run(dst, "results")
+    assert results[(PAGED, None)]["message"] != "regraded later" and (W4_V3, None) not in results
+    assert not any(k[0] == W4_V3 for k in _by_run(dst, "shapes"))
+    assert W4_V3 not in {r["run_id"] for r in read_table(table_path(dst, GPU, "runs"), "runs").to_pylist()}
+    assert not (dst / GPU / "logs" / f"{W4_V3}.log").exists()
+    bad = runner.invoke(main, ["eval", "merge", str(src), "--into", str(dst), "--skip", "no_such_run"])
+    assert bad.exit_code == 2 and "no grading of no_such_run here to skip" in bad.output
+    assert "Traceback" not in bad.output and len(bad.output.strip().splitlines()) == 1
