@@ -193,7 +193,8 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: noise does must not send every graded run back to the GPU). 0.4.5 gives up a covered loop at its
 #: pilot calls where 0.4.4 ran it out to the same decision (COVER_PILOT_CALLS). 0.4.6 changes only
 #: stateful (Mega) grading, which no earlier grader ran on a GPU: its state moved to the device, its
-#: weights drawn there, its timed sets drawn clear of router ties.
+#: weights drawn there, its timed sets drawn clear of router ties. 0.4.7 sends the timed calls' probes
+#: as one binary frame (a Mega step's JSON probes outgrew the reply header's bound): same checks.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 

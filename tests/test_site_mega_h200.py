@@ -1,0 +1,64 @@
+"""The Mega deck's H200 board as the committed data make it: the first megakernel gradings on a GPU
+(2026-12-02). Its line under the title names what it ranks on (the deck's own baseline, not
+torch.compile), and every graded pass shows its launches per step, read here straight off shapes.parquet."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from xml.etree.ElementTree import Element
+
+import pyarrow.parquet as pq
+import pytest
+from site_pages import parse, text
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "data"
+DECKS = REPO / "eval" / "decks"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from kernelboard.sitegen import build_site
+
+    return build_site(DATA, DECKS, tmp_path_factory.mktemp("mega") / "dist").out_dir
+
+
+@pytest.fixture(scope="module")
+def board(site: Path) -> Element:
+    """The H200 Mega section of the home page of the committed site."""
+    section = parse(site / "index.html").find(".//section[@id='mega-h200']")
+    assert section is not None
+    return section
+
+
+def _mega_passes() -> dict[str, list[int]]:
+    """Per passing H200 Mega run, its launches per step, shape by shape."""
+    runs = {r["run_id"] for r in pq.read_table(DATA / "results" / "h200" / "runs.parquet").to_pylist()
+            if r["bench"] == "mega"}
+    passed = {r["run_id"] for r in pq.read_table(DATA / "results" / "h200" / "results.parquet").to_pylist()
+              if r["run_id"] in runs and r["status"] == "pass"}
+    launches: dict[str, list[int]] = {}
+    shapes = pq.read_table(DATA / "results" / "h200" / "shapes.parquet").to_pylist()
+    for r in sorted(shapes, key=lambda r: r["shape_idx"]):
+        if r["run_id"] in passed:
+            launches.setdefault(r["run_id"], []).append(int(r["launches"]))
+    return launches
+
+
+def test_the_h200_mega_board_says_it_ranks_on_the_decks_baseline(board: Element) -> None:
+    line = text(board.find(".//p[@class='measured-by']"))
+    assert "ranked by speedup over the deck's own baseline (baseline.py)" in line
+    assert "torch.compile" not in line
+
+
+def test_each_graded_mega_pass_shows_its_launches_per_step(site: Path, board: Element) -> None:
+    """Its run page, shape by shape; the board, for the run that is its model's best there."""
+    passes = _mega_passes()
+    assert len(passes) >= 3  # gpt-5.5 twice and the house kernel, graded on the H200 on 2026-12-02
+    for run_id, launches in passes.items():
+        page = text(parse(site / "runs" / "h200" / run_id / "index.html").find(".//main"))
+        shown = [int(n) for n in re.findall(r"shape \d+ \((\d+) launches per call", page)]
+        assert shown == launches, run_id
+    on_board = {int(n) for n in re.findall(r"(\d+) launches/step", text(board))}
+    assert on_board and on_board <= {n for launches in passes.values() for n in launches}
