@@ -423,7 +423,8 @@ def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sta
     log("worker", f"{where}: {launches} kernel launches per call"
                   + (f", the largest {top_share:.0%} of their time" if top_share is not None else ""))
     return stats, {"host_ms": host_ms, "kernels": kernels, "launches": launches, "top_kernel_share": top_share,
-                   "timing_method": "covered" if cover is not None else "synchronised"}
+                   "timing_method": "covered" if cover is not None else "synchronised",
+                   "gpu_span_ms": None if cover is None else cover["gpu_ms"]}
 
 
 def _graph_times(link: RunnerLink, problem: Problem, plans: list[ShapePlan], shapes: list[dict[str, Any]]) -> None:

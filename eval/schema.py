@@ -188,6 +188,9 @@ SHAPES = _schema(
     # since grader 0.4.0) or "synchronised" (the GPU idle before each call); null before 0.4.0 and
     # off the GPU.
     _f("timing_method", pa.string()),
+    # A covered loop's median GPU span of a call (its start and end events, the dispatch hidden behind a
+    # GPU sleep): the GPU's own time, which a host-bound call's timed median exceeds (since grader 0.4.8).
+    _f("gpu_span_ms", pa.float64()),
     _f("baseline_ms", pa.float64()),  # the deck's headline baseline line on this shape (results.baseline_variant)
     _f("speedup_vs_baseline", pa.float64()),
 )
@@ -233,7 +236,7 @@ HARDWARE = _schema(
 ADDED_COLUMNS: dict[str, tuple[str, ...]] = {"results": ("off_board", "sandbox", "speedup_vs_baseline",
                                                          "baseline_variant"),
                                              "shapes": ("launches", "top_kernel_share", "timing_method",
-                                                        "baseline_ms", "speedup_vs_baseline"),
+                                                        "baseline_ms", "speedup_vs_baseline", "gpu_span_ms"),
                                              "baselines": ("timing_method",)}
 
 #: Table name -> (schema, key columns). A key identifies a row; rewriting a key replaces the row.

@@ -195,6 +195,7 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: stateful (Mega) grading, which no earlier grader ran on a GPU: its state moved to the device, its
 #: weights drawn there, its timed sets drawn clear of router ties. 0.4.7 sends the timed calls' probes
 #: as one binary frame (a Mega step's JSON probes outgrew the reply header's bound): same checks.
+#: 0.4.8 records the covered loop's GPU span (shapes.gpu_span_ms), null in earlier rows: same figures.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 

@@ -33,7 +33,7 @@ from kernelboard.eval.tables import load_all
 
 from .ingest.annotations import Annotation, load_annotations
 
-#: A covered shape's timed median this many times its CUDA-graph GPU time or more is labelled host-bound
+#: A covered shape's timed median this many times its GPU time (ShapeResult.gpu_ms) or more is labelled host-bound
 #: on its run page: on the H200, honest GPU-bound shapes sit at 0.8-1.0 (the graph replays its launches
 #: back to back, a timed call from a flushed L2), gpt-5.5's 03 kernel at 1.5 and 2.1 on the shapes where
 #: its 0.053 ms dispatch outlasts its GPU work.
@@ -149,17 +149,25 @@ class ShapeResult:
     launches: int | None = None  # kernel launches per profiled call (eval/launches.py)
     top_kernel_share: float | None = None  # the largest launch's share of their time
     timing_method: str | None = None  # "covered" or "synchronised" (eval/timing.py); None before 0.4.0
+    gpu_span_ms: float | None = None  # a covered loop's median GPU span of a call; None before 0.4.8
     baseline_ms: float | None = None  # the deck's own headline baseline on this shape (Result.baseline_variant)
     speedup_vs_baseline: float | None = None
 
     @property
+    def gpu_ms(self) -> float | None:
+        """The call's own GPU time: its CUDA-graph replay (launch-bound shapes), else its covered loop's
+        median GPU span (since 0.4.8; a Mega step of ms), else None."""
+        return self.graph_ms or self.gpu_span_ms or None
+
+    @property
     def host_bound(self) -> float | None:
-        """The timed median over the call's CUDA-graph GPU time, where it is HOST_BOUND_RATIO or more: the
+        """The timed median over the call's GPU time (`gpu_ms`), where it is HOST_BOUND_RATIO or more: the
         host's dispatch, not the GPU, set this figure (a covered sample is never below the loop's least
         dispatch), so it moves with the grading host's CPU. None where it is less, or not measured."""
-        if self.median_ms is None or not self.graph_ms or self.timing_method != "covered":
+        gpu_ms = self.gpu_ms
+        if self.median_ms is None or not gpu_ms or self.timing_method != "covered":
             return None
-        ratio = self.median_ms / self.graph_ms
+        ratio = self.median_ms / gpu_ms
         return ratio if ratio >= HOST_BOUND_RATIO else None
 
 

@@ -341,8 +341,10 @@ def test_work_under_the_cover_is_in_the_figure(graded) -> None:
     for (run_id, idx), s in by.items():
         if run_id == "house":
             assert s["timing_method"] == "covered", s
+            assert 0 < s["gpu_span_ms"] <= 1.5 * s["median_ms"], s  # the covered loop's span (0.4.8)
         elif run_id == "in_call_sync":
             assert s["timing_method"] == "synchronised", s
+            assert s["gpu_span_ms"] is None, s  # its covered loop was given up: no span to report
         elif run_id == "under_cover":
             assert s["median_ms"] >= 0.09, (s["median_ms"], s["host_ms"])  # the busy-wait of every call
             assert s["median_ms"] >= 1.5 * by[("house", idx)]["median_ms"], (s["median_ms"], by[("house", idx)])

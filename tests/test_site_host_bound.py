@@ -34,6 +34,18 @@ def test_only_a_covered_time_well_above_its_graph_time_is_host_bound(committed: 
     assert replace(covered, median_ms=0.05, graph_ms=None).host_bound is None
 
 
+def test_without_a_graph_time_the_covered_loops_gpu_span_decides(committed: SiteData) -> None:
+    """A Mega step (ms, so no CUDA-graph replay): gpt-5.5's 040852 on the H200, shape 1, a GPU span of
+    1.47 ms inside a 5.34 ms covered median (grader 0.4.6's log), is host-bound; the graph time, where
+    there is one, still decides."""
+    shape = next(s for r in committed.results for s in r.shapes if s.median_ms)
+    step = replace(shape, timing_method="covered", graph_ms=None, median_ms=5.3368, gpu_span_ms=1.4664)
+    assert step.gpu_ms == 1.4664 and step.host_bound == pytest.approx(3.64, abs=0.01)
+    assert replace(step, gpu_span_ms=5.0).host_bound is None  # its GPU's time, give or take
+    assert replace(step, graph_ms=5.0).host_bound is None and replace(step, graph_ms=5.0).gpu_ms == 5.0
+    assert replace(step, gpu_span_ms=None).host_bound is None  # graded before 0.4.8: nothing to compare with
+
+
 def test_each_h200_run_page_labels_exactly_its_host_bound_shapes(tmp_path: Path) -> None:
     """Counted straight off shapes.parquet, not through sitegen: every covered shape whose median is at
     least HOST_BOUND_RATIO times its graph time, and only those, is labelled on its run's page."""
@@ -48,7 +60,7 @@ def test_each_h200_run_page_labels_exactly_its_host_bound_shapes(tmp_path: Path)
     pages = {p.parent.name: p.read_text() for p in (out / "runs" / "h200").glob("*/index.html")}
     assert pages
     for run_id, text in pages.items():
-        labels = re.findall(r'class="sub host-bound" title="([0-9.]+)× its CUDA-graph GPU time', text)
+        labels = re.findall(r'class="sub host-bound" title="([0-9.]+)× its GPU time \(CUDA-graph replay\)', text)
         assert len(labels) == expected.get(run_id, 0), run_id
         assert all(float(x) >= HOST_BOUND_RATIO - 0.05 for x in labels)
     assert sum(expected.get(i, 0) for i in pages) >= 1  # host-bound 03 kernels are on the board (gpt-5.5, MiniMax-M3)
