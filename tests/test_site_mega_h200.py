@@ -62,3 +62,28 @@ def test_each_graded_mega_pass_shows_its_launches_per_step(site: Path, board: El
         assert shown == launches, run_id
     on_board = {int(n) for n in re.findall(r"(\d+) launches/step", text(board))}
     assert on_board and on_board <= {n for launches in passes.values() for n in launches}
+
+
+def test_the_problem_page_tables_launches_per_step_for_each_best_run(site: Path) -> None:
+    """Issue 16's table of launches per step: on the problem page, each model's best H200 run with its
+    launches on every context, in shape order, as shapes.parquet has them; imported sections show none
+    (the source's kernel counts are its own, not measured)."""
+    page = parse(site / "problems" / "mega" / "02_kimi_linear_decode" / "index.html")
+    passes = _mega_passes()
+    seen = 0
+    for section in page.iter("section"):
+        gpu = (section.get("id") or "").removeprefix("gpu-")
+        table = section.find(".//table[@class='data submissions']")
+        if table is None or not gpu:
+            continue
+        head = [text(th) for th in table.find("thead").iter("th")]
+        col = head.index("launches / step")
+        for tr in table.find("tbody").iter("tr"):
+            run_id = text(tr.find("td/a/code"))
+            cell = text(list(tr)[col])
+            if gpu == "h200" and run_id in passes:
+                assert cell.split(" largest")[0] == " · ".join(map(str, passes[run_id])), run_id
+                seen += 1
+            else:
+                assert cell == "—" or gpu == "h200", (gpu, run_id, cell)
+    assert seen >= 2
