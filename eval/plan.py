@@ -262,25 +262,28 @@ def _plan_steps(problem: Problem, spec: Stateful, reference: types.ModuleType, r
                                      ROUTER_NEAR_TIE if near_tie else None))
             flat = list(ref_out)
 
-    def draw_clear(seed: int) -> list[Any]:
-        """A set for timing or a floor batch: a drawn state clear of router ties (ROUTER_CLEAR_*)."""
+    def draw_clear(seed: int) -> tuple[list[Any], Output]:
+        """A set for timing or a floor batch, with the reference's output: a drawn state clear of
+        router ties (ROUTER_CLEAR_*). The reference is called on a copy (a step may update its state)."""
         if spec.router_margin_ulps is None:
-            return draw(seed)
-        widest, widest_margin = [], -math.inf
+            flat = draw(seed)
+            return flat, step(*clone_flat(flat))
+        widest, widest_margin = None, -math.inf
         for k in range(ROUTER_CLEAR_DRAWS):
             flat = draw(seed + 1_000_003 * k)
-            step(*clone_flat(flat))
+            out = step(*clone_flat(flat))
             margin = min(step.last_margins, default=math.inf)
             if margin >= ROUTER_CLEAR_FACTOR * spec.router_margin_ulps:
-                return flat
+                return flat, out
             if margin > widest_margin:
-                widest, widest_margin = flat, margin
+                widest, widest_margin = (flat, out), margin
+        assert widest is not None
         return widest
 
     for seed in timing_seeds:
-        flat = draw_clear(seed + 7919 * plan.shape.idx)
+        flat, out = draw_clear(seed + 7919 * plan.shape.idx)
         plan.timing_sets.append(flat)
-        plan.timing_refs.append(step(*clone_flat(flat)))
+        plan.timing_refs.append(out)
         plan.timing_seeds.append(seed + 7919 * plan.shape.idx)
     if proof_seed is not None:
         _proof_sets(plan, reference, step, proof_seed + 7919 * plan.shape.idx, device, draw=draw_clear)
@@ -292,7 +295,7 @@ def _nbytes(inputs: list[Any]) -> int:
 
 def _proof_sets(plan: ShapePlan, reference: types.ModuleType, ref_model: torch.nn.Module, seed: int,
                 device: str, on_device: bool = False,
-                draw: Callable[[int], list[Any]] | None = None) -> None:
+                draw: Callable[[int], tuple[list[Any], Output]] | None = None) -> None:
     """PROOF_ROUNDS batches of input sets, each used once (timing.floor_ms), with references: as
     many per batch as PROOF_REF_BUDGET_S of reference time and PROOF_MAX_BYTES of inputs allow,
     between PROOF_MIN_SETS and PROOF_MAX_SETS (small, fast shapes get many, GB-sized ones few).
@@ -300,8 +303,8 @@ def _proof_sets(plan: ShapePlan, reference: types.ModuleType, ref_model: torch.n
     judge's floor after two batches, PROOF_FLOOR_BUDGET_MS, so later rounds would go unused) or once
     the sets hold PROOF_MAX_BYTES: every set is copied to the runner and onto its device, and 06's
     headline draws 2.1 GB a set: five rounds of two would be 21 GB (its shape copied 57 GB on the H200).
-    `draw(seed)` draws one set where `draw_inputs` does not (a stateful step's flat inputs); the
-    reference is then called on a copy, since a step may update its state in place."""
+    `draw(seed)` draws one set where `draw_inputs` does not (a stateful step's flat inputs), with the
+    reference's output for it."""
     budget_s = PROOF_REF_BUDGET_S / PROOF_ROUNDS
     first, held = time.perf_counter(), 0
     for r in range(PROOF_ROUNDS):
@@ -312,9 +315,13 @@ def _proof_sets(plan: ShapePlan, reference: types.ModuleType, ref_model: torch.n
                 len(sets) < PROOF_MAX_SETS and time.perf_counter() - started < budget_s
                 and (size + size // len(sets)) * PROOF_ROUNDS <= PROOF_MAX_BYTES):
             s = seed + 104729 * (r + 1) + len(sets)
-            inputs = draw_fresh(reference, s, device, on_device) if draw is None else draw(s)
+            if draw is None:
+                inputs = draw_fresh(reference, s, device, on_device)
+                ref = ref_model(*inputs)
+            else:
+                inputs, ref = draw(s)
             sets.append(inputs)
-            refs.append(ref_model(*(inputs if draw is None else clone_flat(inputs))))
+            refs.append(ref)
             seeds.append(s)
             size += _nbytes(inputs)
             if device == "cuda":
