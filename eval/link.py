@@ -119,8 +119,8 @@ class Reply:
         """Per-call probed output elements (timing.py) from the reply's probe frame: a float64
         tensor (n calls, up to MAX_PARTS parts, PROBE_ELEMENTS), NaN where a part was not probed
         and past each part's own length (the judge's targets know the lengths)."""
-        if self._probes_read:
-            raise self._bad("the probes were read twice")  # a judge bug: the frame is gone
+        if self._probes_read:  # the judge's own bug, not the runner's: a grader error (not_graded)
+            raise RuntimeError(f"{self.what}: the reply's probe frame was read twice")
         self._probes_read = True
         try:
             shape, dtype, _, nbytes = tensor_meta(self.header.get("probes"))

@@ -384,8 +384,11 @@ def test_a_mega_steps_probes_travel_beside_a_small_header(pair) -> None:
 def test_outputs_read_before_the_probes_skip_the_probe_frame(pair) -> None:
     link, theirs = pair()
     _send_timed(theirs, [[torch.ones(3, dtype=torch.float64)]] * 2, torch.arange(3.0))
-    (out,) = link.ask("time", "shape 0: timing").outputs([torch.zeros(3)])
+    reply = link.ask("time", "shape 0: timing")
+    (out,) = reply.outputs([torch.zeros(3)])
     assert torch.equal(out.tensor, torch.arange(3.0))
+    with pytest.raises(RuntimeError, match="read twice"):  # the judge's bug: not_graded, never the runner's fault
+        reply.probes(2)
 
 
 def _probe_meta(shape: list[int], dtype: str = "float64", nbytes: int | None = None) -> dict[str, object]:
