@@ -134,10 +134,6 @@ def build_model(module: types.ModuleType, init_args: list[Any], device: str,
         return getattr(module, class_name)(*init_args).to(torch.device(device)).eval()
 
 
-def clone_all(inputs: list[Any]) -> list[Any]:
-    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-
-
 @dataclass
 class Check:
     """One call to verify: its inputs, and the reference output.
@@ -206,7 +202,7 @@ def make_plan(problem: Problem, reference: types.ModuleType, shapes: tuple[Shape
         for seed in seeds:
             inputs = draw_inputs(reference, seed, device, problem.draw_on_device)
             if structural and not first:
-                first = clone_all(inputs)
+                first = clone_flat(inputs)
             for case in (None, *problem.numeric_stress):
                 label = f"seed {seed} case {case.name if case else 'nominal'}"
                 with scaled_state(ref_model, case.state_scale if case else {}):

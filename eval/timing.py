@@ -320,9 +320,15 @@ def covered_samples(spans_ms: Sequence[float], dispatch_ms: Sequence[float],
     return _floored(spans_ms, dispatch_ms, sleeps_ms, dispatch_floor(dispatch_ms, sleeps_ms, launch_ms))
 
 
+def _uncovered(dispatch_ms: float, sleep_ms: float) -> bool:
+    """Did a call's dispatch outlast its cover (COVER_MARGIN of the sleep before it)? Then it outgrew
+    the cover, or waited on the GPU inside itself, which waits out the sleep too."""
+    return dispatch_ms >= COVER_MARGIN * sleep_ms
+
+
 def _floored(spans_ms: Sequence[float], dispatch_ms: Sequence[float], sleeps_ms: Sequence[float],
              floor_ms: float) -> list[float]:
-    return [span if d >= COVER_MARGIN * sleep else max(span, floor_ms)
+    return [span if _uncovered(d, sleep) else max(span, floor_ms)
             for span, d, sleep in zip(spans_ms, dispatch_ms, sleeps_ms, strict=True)]
 
 
@@ -341,7 +347,7 @@ def dispatch_floor(dispatch_ms: Sequence[float], sleeps_ms: Sequence[float], lau
     calls, was it by the median). Both dispatches are timed in the runner, like the samples: a
     candidate that slows the sleep's launch there is the known gap of a lie told inside the timed
     loop (tests/test_timing_cover_sim.py keeps it as an expected failure)."""
-    covered = [d for d, sleep in zip(dispatch_ms, sleeps_ms, strict=True) if d < COVER_MARGIN * sleep]
+    covered = [d for d, sleep in zip(dispatch_ms, sleeps_ms, strict=True) if not _uncovered(d, sleep)]
     return max(0.0, min(covered) - launch_ms) if covered else 0.0
 
 
@@ -469,14 +475,15 @@ def _timed_loop(fn: Callable[..., Any], feed: Feed, flush: torch.Tensor, iters: 
     floor = dispatch_floor(dispatch, sleeps, least_launch)
     samples = _floored(spans, dispatch, sleeps, floor)
     cover = Cover(statistics.median(spans), statistics.median(dispatch), statistics.median(sleeps),
-                  sum(d >= COVER_MARGIN * s for d, s in zip(dispatch, sleeps, strict=True)), floor, least_launch)
+                  sum(_uncovered(d, s) for d, s in zip(dispatch, sleeps, strict=True)), floor, least_launch)
     return dataclasses.replace(summarize(samples, wall_ms), cover=cover, method="covered")
 
 
 def _outgrown(dispatch_ms: Sequence[float], gates: Sequence[Any], starts: Sequence[Any]) -> bool:
     """Did more than COVER_PILOT_SHARE of these calls (their events complete: the device was synchronised)
     outlast their sleep?"""
-    uncovered = sum(d >= COVER_MARGIN * g.elapsed_time(s) for d, g, s in zip(dispatch_ms, gates, starts, strict=True))
+    sleeps = [g.elapsed_time(s) for g, s in zip(gates, starts, strict=True)]
+    uncovered = sum(_uncovered(d, s) for d, s in zip(dispatch_ms, sleeps, strict=True))
     return uncovered > COVER_PILOT_SHARE * len(dispatch_ms)
 
 
