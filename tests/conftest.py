@@ -51,6 +51,15 @@ def built_site(site_inputs: SiteInputs, tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture(scope="session")
+def committed_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site of the committed `data/` and decks, as `make site` builds it, built once: the `dist` folder."""
+    from kernelboard.sitegen import build_site
+
+    repo = Path(__file__).resolve().parents[1]
+    return build_site(repo / "data", repo / "eval" / "decks", tmp_path_factory.mktemp("committed") / "dist").out_dir
+
+
+@pytest.fixture(scope="session")
 def site_url(built_site: Path) -> Iterator[str]:
     """The fixture site served over HTTP for the session (files that build their own site override it)."""
     with serve(built_site) as url:

@@ -14,20 +14,12 @@ from site_pages import parse, text
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
-DECKS = REPO / "eval" / "decks"
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from kernelboard.sitegen import build_site
-
-    return build_site(DATA, DECKS, tmp_path_factory.mktemp("mega") / "dist").out_dir
-
-
-@pytest.fixture(scope="module")
-def board(site: Path) -> Element:
+def board(committed_site: Path) -> Element:
     """The H200 Mega section of the home page of the committed site."""
-    section = parse(site / "index.html").find(".//section[@id='mega-h200']")
+    section = parse(committed_site / "index.html").find(".//section[@id='mega-h200']")
     assert section is not None
     return section
 
@@ -52,23 +44,23 @@ def test_the_h200_mega_board_says_it_ranks_on_the_decks_baseline(board: Element)
     assert "torch.compile" not in line
 
 
-def test_each_graded_mega_pass_shows_its_launches_per_step(site: Path, board: Element) -> None:
+def test_each_graded_mega_pass_shows_its_launches_per_step(committed_site: Path, board: Element) -> None:
     """Its run page, shape by shape; the board, for the run that is its model's best there."""
     passes = _mega_passes()
     assert len(passes) >= 3  # gpt-5.5 twice and the house kernel, graded on the H200 on 2026-12-02
     for run_id, launches in passes.items():
-        page = text(parse(site / "runs" / "h200" / run_id / "index.html").find(".//main"))
+        page = text(parse(committed_site / "runs" / "h200" / run_id / "index.html").find(".//main"))
         shown = [int(n) for n in re.findall(r"shape \d+ \((\d+) launches per call", page)]
         assert shown == launches, run_id
     on_board = {int(n) for n in re.findall(r"(\d+) launches/step", text(board))}
     assert on_board and on_board <= {n for launches in passes.values() for n in launches}
 
 
-def test_the_problem_page_tables_launches_per_step_for_each_best_run(site: Path) -> None:
+def test_the_problem_page_tables_launches_per_step_for_each_best_run(committed_site: Path) -> None:
     """Issue 16's table of launches per step: on the problem page, each model's best H200 run with its
     launches on every context, in shape order, as shapes.parquet has them; imported sections show none
     (the source's kernel counts are its own, not measured)."""
-    page = parse(site / "problems" / "mega" / "02_kimi_linear_decode" / "index.html")
+    page = parse(committed_site / "problems" / "mega" / "02_kimi_linear_decode" / "index.html")
     passes = _mega_passes()
     seen = 0
     for section in page.iter("section"):
