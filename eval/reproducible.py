@@ -13,7 +13,8 @@ regraded on another GPU, and each gets a status that is never scored (never a 0,
 - `not_reproducible`: the failure's cause is a file the published submission does not contain — a
   header no file of it or of the system provides (`fatal error: X: No such file or directory`),
   a module or file it expects beside itself, a tool at a hard-coded absolute path this machine
-  does not have (`/usr/bin/nvcc`). The message names the missing file.
+  does not have (`/usr/bin/nvcc`), a helper of the original grader's reference.py that the deck's
+  rewritten reference lacks (`reference._rmsnorm`). The message names what is missing.
 
 Why after the failure and from text: the grader must never refuse a kernel for what it merely
 mentions (a comment about sm_100 on a kernel that works), and the evidence sits in compiler output
@@ -358,6 +359,10 @@ _PATH_MISSING = (
     re.compile(r"(?P<p>/[\w.+\-/]+): (?:not found|No such file or directory)"),
     re.compile(r"can't open file '(?P<p>[^']+)'"),
 )
+#: A solution that reads a helper of the original grader's reference.py (a private `_rmsnorm`, say): the
+#: decks' references are rewritten from each problem's definition, so their public interface
+#: (Model, get_inputs, …) matches and their helpers need not.
+_REFERENCE_NAME = re.compile(r"module 'reference' has no attribute '(?P<a>[A-Za-z_]\w*)'")
 _TOOL_VARS = ("PYTORCH_NVCC", "CUDA_HOME", "CUDA_PATH", "CUDACXX", "NVCC", "CXX", "CC")
 
 
@@ -388,6 +393,12 @@ def _missing(text: str, folder: Path, ran_in: Path | None, cutlass: Cutlass | No
                                           f"CUTLASS {cutlass.version or ''} ({cutlass.includes[0]})")
             return NOT_REPRODUCIBLE, (f"it includes {header}, which is neither in the published files nor a "
                                       f"system header")
+    m = _REFERENCE_NAME.search(text)
+    if m is not None and any(re.search(rf"\b{m.group('a')}\b", code_view(rel, source))
+                             for rel, source in text_files(folder) if rel.endswith(".py")):
+        return NOT_REPRODUCIBLE, (f"it uses reference.{m.group('a')}, a name of the original harness's "
+                                  f"reference.py that this deck's reference (written from the problem's "
+                                  f"definition, not copied) does not define")
     m = re.search(r"No module named '(?P<m>[\w.]+)'", text)
     if m is not None:
         top = m.group("m").split(".")[0]

@@ -199,6 +199,8 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: weights drawn there, its timed sets drawn clear of router ties. 0.4.7 sends the timed calls' probes
 #: as one binary frame (a Mega step's JSON probes outgrew the reply header's bound): same checks.
 #: 0.4.8 records the covered loop's GPU span (shapes.gpu_span_ms), null in earlier rows: same figures.
+#: 0.4.9 labels a solution that reads a helper of the original grader's reference.py `not_reproducible`
+#: (a build_error before): same checks and figures for every kernel that builds.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 

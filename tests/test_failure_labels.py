@@ -150,6 +150,22 @@ def test_a_missing_sidecar_module(tmp_path: Path) -> None:
     assert classify("build_error", "m", "No module named 'gemm_backend_v3'", folder, H200) is None
 
 
+def test_a_helper_of_the_original_reference(tmp_path: Path) -> None:
+    """deepseek-v4-pro's published Mega kernel reads `_rmsnorm` from KernelBench-Mega's reference.py;
+    the deck's reference is written from the problem's definition and has no such helper."""
+    run = "20260618_150605_deepseek-claude_deepseek-v4-pro_02_kimi_linear_decode"
+    folder = Path(__file__).parents[1] / "data" / "submissions" / "mega" / run
+    error = "AttributeError: module 'reference' has no attribute '_rmsnorm'. Did you mean: 'rmsnorm'?"
+    status, message = classify("build_error", f"importing solution.py: {error}", error, folder, H200)
+    assert status == NOT_REPRODUCIBLE and "reference._rmsnorm" in message
+    # the name must be the solution's own use, not only the error text's (a forged message proves nothing)
+    plain = _sub(tmp_path, {"solution.py": PLAIN})
+    assert classify("build_error", f"importing solution.py: {error}", error, plain, H200) is None
+    # nor does it excuse another module's missing name
+    other = error.replace("'reference'", "'torch'")
+    assert classify("build_error", f"importing solution.py: {other}", other, folder, H200) is None
+
+
 def test_a_file_expected_beside_the_solution(tmp_path: Path) -> None:
     folder = _sub(tmp_path, {"solution.py": 'load(sources=[os.path.join(HERE, "fp8_gemm.cu")])\n'})
     ran_in = tmp_path / "scratch" / "run1"

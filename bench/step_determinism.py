@@ -1,0 +1,108 @@
+"""Does a stateful submission give the same output every time it is called on the same state?
+
+A diagnostic for a disagreement, not a grader: it runs the submission's code in this process, with no
+sandbox, so run it only on published kernels on a machine you can throw away (the GPU session's).
+
+Why: a Mega step routes each token to 8 of 64 experts by its own router logits. A kernel whose sums
+are split across programs that `atomic_add` their partials rounds differently from call to call; at a
+router near-tie *in its own arithmetic* one call may choose another expert than the next. Such a call
+is another valid output, not a wrong one, but the grader's timed-call probes (32 elements a part) hold
+it to the reference's element-wise bound. This script calls the step N times on one timing set drawn
+as the grader draws them (clear of the reference's router ties) and reports, per distinct output:
+how often it came, its cosine with the reference's and its element-wise misses, part by part — enough
+to tell a router flip (few distinct outputs, each near the reference by cosine) from a race (many,
+some far) or a deterministic kernel (one).
+
+    python bench/step_determinism.py SUBMISSION_DIR --deck eval/decks/mega --shape 1 --calls 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from kernelboard.eval.correctness import compare, cosine, dtype_name
+from kernelboard.eval.deck import load_problem
+from kernelboard.eval.plan import build_model, import_file, install_shapes_module, make_plan
+from kernelboard.eval.stateful import StepAdapter, clone_flat
+
+
+def _digest(out: tuple[torch.Tensor, ...]) -> str:
+    h = hashlib.sha256()
+    for t in out:
+        h.update(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()[:12]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("submission", type=Path)
+    ap.add_argument("--deck", type=Path, default=Path("eval/decks/mega"))
+    ap.add_argument("--shape", type=int, default=1)
+    ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=12345, help="the timing set's draw seed")
+    ap.add_argument("--device", default="cuda", help="cpu runs the deck's CPU shapes (to try the script)")
+    args = ap.parse_args()
+    run = args.submission.name
+    problem_dir = next(p for p in args.deck.iterdir() if p.is_dir() and run.endswith(p.name))
+    problem = load_problem(problem_dir)
+    spec = problem.stateful
+    if spec is None:
+        print(f"{problem_dir}: not a stateful problem", file=sys.stderr)
+        return 2
+    device = args.device
+    shapes = problem.shapes_for(device)
+    shape = shapes[args.shape]
+    reference = import_file("reference", problem.reference_path)
+    install_shapes_module(shapes)
+    torch.manual_seed(0)
+    plan = make_plan(problem, reference, (shape,), [problem.seeds[0]], (args.seed,), device)[0]
+    assert plan.layout is not None
+    torch.manual_seed(problem.seeds[0])
+    ref_model = build_model(reference, plan.init_args, device, init_on_device=problem.draw_on_device)
+    ref_step = StepAdapter(ref_model, plan.layout, spec.entry, margins=spec.router_margin_ulps is not None)
+    flat = plan.timing_sets[0]
+    with torch.no_grad():
+        ref = ref_step(*clone_flat(flat))
+    print(f"{run}: shape {shape.idx} ({shape.label}), timing set drawn from seed {args.seed}; the reference's "
+          f"router margins (ulps) {[round(m, 1) for m in ref_step.last_margins]}")
+
+    sys.path.insert(0, str(args.submission))
+    solution = import_file("solution", args.submission / "solution.py")
+    model = build_model(solution, plan.init_args, device, init_on_device=problem.draw_on_device)
+    model.load_state_dict(plan.state_dict, strict=True)
+    step = StepAdapter(model, plan.layout, spec.entry)
+    names = plan.layout.names
+    seen: Counter[str] = Counter()
+    first_call: dict[str, int] = {}
+    report: dict[str, list[str]] = {}
+    with torch.no_grad():
+        for i in range(args.calls):
+            out = tuple(t.clone() for t in step(*clone_flat(flat)))
+            key = _digest(out)
+            seen[key] += 1
+            if key in report:
+                continue
+            first_call[key] = i
+            lines = []
+            for name, r, o in zip(names, ref, out, strict=True):
+                atol, rtol = problem.tolerance_for(dtype_name(r.dtype))
+                v = compare(r, o, atol, rtol)
+                if not v.ok or name == "hidden":
+                    verdict = v.message if not v.ok else "within the bound"
+                    lines.append(f"    {name}: cosine {cosine(r, o):.5f}, {verdict}")
+            report[key] = lines
+    print(f"{args.calls} calls, {len(seen)} distinct outputs")
+    for key, n in seen.most_common():
+        print(f"  output {key}: {n} calls (first at call {first_call[key]})")
+        print("\n".join(report[key]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
