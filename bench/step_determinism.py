@@ -23,11 +23,12 @@ import hashlib
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from kernelboard.eval.correctness import compare, cosine, dtype_name
-from kernelboard.eval.deck import load_problem
+from kernelboard.eval.deck import Problem, load_problem
 from kernelboard.eval.plan import build_model, import_file, install_shapes_module, make_plan
 from kernelboard.eval.stateful import StepAdapter, clone_flat
 
@@ -40,6 +41,62 @@ def _digest(out: tuple[torch.Tensor, ...]) -> str:
     return h.hexdigest()[:12]
 
 
+def _one_by_one(problem: Problem, step: StepAdapter, names: list[str], flat: list[Any],
+                ref: tuple[torch.Tensor, ...], calls: int) -> None:
+    """`calls` calls on private copies of one set, each read back before the next."""
+    seen: Counter[str] = Counter()
+    first_call: dict[str, int] = {}
+    report: dict[str, list[str]] = {}
+    for i in range(calls):
+        out = tuple(t.clone() for t in step(*clone_flat(flat)))
+        key = _digest(out)
+        seen[key] += 1
+        if key in report:
+            continue
+        first_call[key] = i
+        lines = []
+        for name, r, o in zip(names, ref, out, strict=True):
+            atol, rtol = problem.tolerance_for(dtype_name(r.dtype))
+            v = compare(r, o, atol, rtol)
+            if not v.ok or name == "hidden":
+                verdict = v.message if not v.ok else "within the bound"
+                lines.append(f"    {name}: cosine {cosine(r, o):.5f}, {verdict}")
+        report[key] = lines
+    print(f"{calls} calls one by one, {len(seen)} distinct outputs")
+    for key, n in seen.most_common():
+        print(f"  output {key}: {n} calls (first at call {first_call[key]})")
+        print("\n".join(report[key]))
+
+
+def _queued(problem: Problem, step: StepAdapter, sets: list[list[Any]], refs: list[tuple[torch.Tensor, ...]],
+            calls: int) -> None:
+    """The timed loop's conditions: one live set (the same addresses every call) refilled in place,
+    every call queued behind a GPU sleep so the kernels run back to back; each hidden output copied
+    on the stream before the next call, all judged after one synchronise."""
+    live = [t.clone() if isinstance(t, torch.Tensor) else t for t in sets[0]]
+    for _ in range(3):  # warm: builds, captures, autotunes outside the queued stretch
+        step(*live)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # about a second at the H200's clock: the host queues the calls meanwhile
+    hidden = []
+    for i in range(calls):
+        for dst, src in zip(live, sets[i % len(sets)], strict=True):
+            if isinstance(dst, torch.Tensor):
+                dst.copy_(src)
+        hidden.append(step(*live)[0].clone())
+    torch.cuda.synchronize()
+    atol, rtol = problem.tolerance_for(dtype_name(refs[0][0].dtype))
+    for k, ref in enumerate(refs):
+        mine = [(i, h) for i, h in enumerate(hidden) if i % len(sets) == k]
+        distinct = {h.view(torch.int16).cpu().numpy().tobytes() for _, h in mine}
+        bad = [(i, compare(ref[0], h, atol, rtol)) for i, h in mine]
+        bad = [(i, v) for i, v in bad if not v.ok]
+        print(f"set {k}: {len(mine)} queued calls, {len(distinct)} distinct hidden outputs, {len(bad)} outside "
+              f"the bound{f' (first: call {bad[0][0]}: {bad[0][1].message})' if bad else ''}")
+        for i, h in mine[:1] + ([(bad[0][0], hidden[bad[0][0]])] if bad else []):
+            print(f"    call {i}: cosine {cosine(ref[0], h):.5f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("submission", type=Path)
@@ -48,6 +105,10 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--seed", type=int, default=12345, help="the timing set's draw seed")
     ap.add_argument("--device", default="cuda", help="cpu runs the deck's CPU shapes (to try the script)")
+    ap.add_argument("--sets", type=int, default=1, help="timing sets, drawn from seed, seed + 1, …")
+    ap.add_argument("--queued", action="store_true",
+                    help="as the grader's timed loop: one live set refilled in place from set i %% sets before "
+                         "call i, the calls queued behind a GPU sleep, no host synchronise between them")
     args = ap.parse_args()
     run = args.submission.name
     problem_dir = next(p for p in args.deck.iterdir() if p.is_dir() and run.endswith(p.name))
@@ -62,46 +123,29 @@ def main() -> int:
     reference = import_file("reference", problem.reference_path)
     install_shapes_module(shapes)
     torch.manual_seed(0)
-    plan = make_plan(problem, reference, (shape,), [problem.seeds[0]], (args.seed,), device)[0]
+    seeds = tuple(args.seed + i for i in range(args.sets))
+    plan = make_plan(problem, reference, (shape,), [problem.seeds[0]], seeds, device)[0]
     assert plan.layout is not None
     torch.manual_seed(problem.seeds[0])
     ref_model = build_model(reference, plan.init_args, device, init_on_device=problem.draw_on_device)
     ref_step = StepAdapter(ref_model, plan.layout, spec.entry, margins=spec.router_margin_ulps is not None)
-    flat = plan.timing_sets[0]
+    refs = []
     with torch.no_grad():
-        ref = ref_step(*clone_flat(flat))
-    print(f"{run}: shape {shape.idx} ({shape.label}), timing set drawn from seed {args.seed}; the reference's "
-          f"router margins (ulps) {[round(m, 1) for m in ref_step.last_margins]}")
+        for k, flat in enumerate(plan.timing_sets):
+            refs.append(ref_step(*clone_flat(flat)))
+            print(f"{run}: shape {shape.idx} ({shape.label}), set {k} drawn from seed {seeds[k]}; the reference's "
+                  f"router margins (ulps) {[round(m, 1) for m in ref_step.last_margins]}")
 
     sys.path.insert(0, str(args.submission))
     solution = import_file("solution", args.submission / "solution.py")
     model = build_model(solution, plan.init_args, device, init_on_device=problem.draw_on_device)
     model.load_state_dict(plan.state_dict, strict=True)
     step = StepAdapter(model, plan.layout, spec.entry)
-    names = plan.layout.names
-    seen: Counter[str] = Counter()
-    first_call: dict[str, int] = {}
-    report: dict[str, list[str]] = {}
     with torch.no_grad():
-        for i in range(args.calls):
-            out = tuple(t.clone() for t in step(*clone_flat(flat)))
-            key = _digest(out)
-            seen[key] += 1
-            if key in report:
-                continue
-            first_call[key] = i
-            lines = []
-            for name, r, o in zip(names, ref, out, strict=True):
-                atol, rtol = problem.tolerance_for(dtype_name(r.dtype))
-                v = compare(r, o, atol, rtol)
-                if not v.ok or name == "hidden":
-                    verdict = v.message if not v.ok else "within the bound"
-                    lines.append(f"    {name}: cosine {cosine(r, o):.5f}, {verdict}")
-            report[key] = lines
-    print(f"{args.calls} calls, {len(seen)} distinct outputs")
-    for key, n in seen.most_common():
-        print(f"  output {key}: {n} calls (first at call {first_call[key]})")
-        print("\n".join(report[key]))
+        if args.queued:
+            _queued(problem, step, plan.timing_sets, refs, args.calls)
+        else:
+            _one_by_one(problem, step, plan.layout.names, plan.timing_sets[0], refs[0], args.calls)
     return 0
 
 
