@@ -179,6 +179,7 @@ class _Shape:
                  probes: list[_Probe], proof: list[list[list[Any]]], proof_probes: list[list[_Probe]]) -> None:
         self.model, self.checks, self.timing, self.probes = model, checks, timing, probes
         self.proof, self.proof_probes = proof, proof_probes
+        self.extra_logged = False  # a step's state keys of its own are logged once a shape
 
 
 def _scale(value: Any) -> dict[int, float]:
@@ -318,6 +319,11 @@ class _Runner:
         self._sync()
         if self.device == "cuda":
             _raise_unchecked_launch_error()
+        extra = getattr(shape.model, "extra_keys", None)
+        if extra and not shape.extra_logged:
+            shape.extra_logged = True
+            print(f"[runner] shape {request['shape']}: the step's state also holds {', '.join(extra)}, keys of its "
+                  f"own (never compared, never fed back)", flush=True)
         # What the call did to its inputs, for the judge to see; a step's state (every input past the
         # hidden vector) is its to update, and the next call must get the state as the judge drew it.
         for arg, view in placed[:1] if self.problem.stateful is not None else placed:

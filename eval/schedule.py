@@ -190,7 +190,7 @@ def _graded_solutions(opts: EvalOptions, gpu: str) -> dict[str, str | None]:
         return {}
     sha = {r["run_id"]: r["solution_sha256"] for r in read_table(runs, "runs").to_pylist()}
     return {row["run_id"]: sha.get(row["run_id"]) for row in read_table(results, "results").to_pylist()
-            if result_current(row["grader_version"])}
+            if result_current(row["grader_version"], row["message"])}
 
 
 def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem: Problem | None,

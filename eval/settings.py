@@ -201,12 +201,32 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: 0.4.8 records the covered loop's GPU span (shapes.gpu_span_ms), null in earlier rows: same figures.
 #: 0.4.9 labels a solution that reads a helper of the original grader's reference.py `not_reproducible`
 #: (a build_error before): same checks and figures for every kernel that builds.
+#: 0.5.0 accepts a stateful step's state keys of its own (SUPERSEDED_VERDICTS names the verdicts it changes).
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 
-def result_current(graded_by: str) -> bool:
-    """Whether a result graded by `graded_by` is one this grader would give (see RESULTS_COMPARABLE_SINCE)."""
-    return _version(RESULTS_COMPARABLE_SINCE) <= _version(graded_by) <= _version(GRADER_VERSION)
+#: Verdicts an earlier grader gave under a rule a later one changed, as (the first grader without the rule,
+#: a pattern of the result's message): such a result is not current (`--resume` grades it again) and the
+#: site holds it back as a regrade in progress (sitegen/load.py `split_superseded`), where RESULTS_COMPARABLE_SINCE
+#: would send every graded run back to the GPU. 0.5.0 accepts a stateful step's state keys of its own beside
+#: the problem's (eval/stateful.py); 0.4.x refused them as `wrong`: three published Mega kernels that keep a
+#: decompressed MLA cache or preallocated buffers in the state.
+SUPERSEDED_VERDICTS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("0.5.0", re.compile(r"StepOutputError: state\[\d+\] returned has keys")),
+)
+
+
+def verdict_superseded(graded_by: str, message: str | None) -> bool:
+    """Whether a verdict of grader `graded_by` with this message fell to a later rule (SUPERSEDED_VERDICTS)."""
+    return any(_version(graded_by) < _version(since) and pattern.search(message or "")
+               for since, pattern in SUPERSEDED_VERDICTS)
+
+
+def result_current(graded_by: str, message: str | None = None) -> bool:
+    """Whether a result graded by `graded_by` is one this grader would give (see RESULTS_COMPARABLE_SINCE
+    and SUPERSEDED_VERDICTS)."""
+    return (_version(RESULTS_COMPARABLE_SINCE) <= _version(graded_by) <= _version(GRADER_VERSION)
+            and not verdict_superseded(graded_by, message))
 
 
 def baseline_reusable(variant: str, measured_by: str) -> bool:

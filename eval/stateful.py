@@ -9,8 +9,15 @@ inputs are `[hidden, state[0][k0], state[0][k1], …]` (each layer's keys in sor
 runner), rebuilds the nested (hidden, state) for the call and flattens what the step returns the
 same way. A step returns its state however it likes (the same dicts updated in place, new dicts,
 grown tensors); what is judged is the flat tuple of its hidden output and every state tensor. A
-returned state that is not a list of dicts with the layout's keys is refused with a message naming
+returned state that is not a list of dicts holding the layout's keys is refused with a message naming
 what differs.
+
+A layer's dict may hold keys of the solution's own beside the problem's (KernelBench-Mega's published
+kernels keep a decompressed MLA cache, `k_nope` and `v`, or preallocated buffers there): the caller
+threads the state through, so the step's contract is the problem's keys. The extra ones are never
+compared and never fed back — every checked step starts from the reference's state and every timed
+call from a drawn one — so they cannot carry anything from one graded call to the next, and a step
+that needs them rebuilds them inside the call it is timed on. `StepAdapter.extra_keys` names them.
 """
 
 from __future__ import annotations
@@ -54,11 +61,21 @@ class StepLayout:
             raise StepOutputError(f"the state returned has {len(state)} layers, expected {len(self.layers)}")
         flat = [hidden]
         for i, (layer, keys) in enumerate(zip(state, self.layers, strict=True)):
-            if not isinstance(layer, dict) or tuple(sorted(layer)) != keys:
-                got = sorted(layer) if isinstance(layer, dict) else type(layer).__name__
-                raise StepOutputError(f"state[{i}] returned has keys {got}, expected {list(keys)}")
+            if not isinstance(layer, dict):
+                raise StepOutputError(f"state[{i}] returned is a {type(layer).__name__}, expected a dict with "
+                                      f"keys {list(keys)}")
+            missing = [key for key in keys if key not in layer]
+            if missing:
+                raise StepOutputError(f"state[{i}] returned has keys {sorted(map(str, layer))}, expected "
+                                      f"{list(keys)} ({', '.join(missing)} missing)")
             flat += [layer[key] for key in keys]
         return flat
+
+    def extra_keys(self, state: Sequence[dict[str, Any]]) -> list[str]:
+        """'state[i].key' for each key of a returned state that is not the problem's (see the module
+        docstring); call it on a state `flatten` accepted."""
+        return [f"state[{i}].{key}" for i, (layer, keys) in enumerate(zip(state, self.layers, strict=True))
+                for key in sorted(map(str, layer)) if key not in keys]
 
     def unflatten(self, flat: Sequence[Any]) -> tuple[Any, list[dict[str, Any]]]:
         """(hidden, state) from the flat call's arguments: new dicts holding the same tensors."""
@@ -81,6 +98,7 @@ class StepAdapter(nn.Module):
         self.entry = entry
         self.margins = margins
         self.last_margins: list[float] = []
+        self.extra_keys: list[str] = []  # the last call's state keys of the solution's own (module docstring)
 
     def forward(self, *flat: Any) -> tuple[Any, ...]:
         hidden, state = self.layout.unflatten(flat)
@@ -92,7 +110,9 @@ class StepAdapter(nn.Module):
             out = step(hidden, state)
         if not isinstance(out, tuple | list) or len(out) != 2:
             raise StepOutputError(f"{self.entry} returned a {type(out).__name__}, expected (hidden, state)")
-        return tuple(self.layout.flatten(out[0], out[1]))
+        flat = tuple(self.layout.flatten(out[0], out[1]))
+        self.extra_keys = self.layout.extra_keys(out[1])
+        return flat
 
 
 class FunctionStep(nn.Module):

@@ -27,7 +27,7 @@ from kernelboard.errors import DataError, DeckError
 from kernelboard.eval.deck import Problem, load_problem
 from kernelboard.eval.roofline import geomean
 from kernelboard.eval.schema import CPU_KEY, IMPORTED_SUFFIX, PRECISIONS, TABLES, peak_column, record_mismatches
-from kernelboard.eval.settings import timed_before_method
+from kernelboard.eval.settings import timed_before_method, verdict_superseded
 from kernelboard.eval.submission import RUN_ID_PATTERN
 from kernelboard.eval.tables import load_all
 
@@ -407,14 +407,16 @@ def split_superseded(runs: dict[str, Run], results: tuple[Result, ...],
     which moved every 03 speedup by up to 29%), so until such a pass is regraded it takes no cell, no
     place on a problem page and no run page: its model's row is a regrade in progress. A failure carries
     no speed, so its verdict stays; imported results are another grader's and never superseded; a problem
-    whose baselines are all older keeps its rows."""
+    whose baselines are all older keeps its rows. A verdict a later rule changed (`settings.SUPERSEDED_VERDICTS`:
+    a Mega step refused for state keys of its own) is held back the same way, pass or not."""
     rebaselined = {(b.bench, b.problem, b.gpu) for b in baselines
                    if b.variant.startswith("compile") and not timed_before_method(b.grader_version)}
     shown, held = [], []
     for r in results:
         run = runs[r.run_id]
         stale = (r.is_pass and not r.is_imported and (run.bench, run.problem, r.gpu) in rebaselined
-                 and timed_before_method(r.grader_version))
+                 and timed_before_method(r.grader_version)) or (
+                     not r.is_imported and verdict_superseded(r.grader_version, r.message))
         (held if stale else shown).append(r)
     return tuple(shown), tuple(held)
 

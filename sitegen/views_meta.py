@@ -209,7 +209,10 @@ def methodology(data: SiteData) -> dict[str, Any]:
         "grader_version": settings.GRADER_VERSION,
         "graded_versions": sorted({r.grader_version for r in data.results}),
         "results_comparable_since": settings.RESULTS_COMPARABLE_SINCE,
-        "superseded": [(gpu_label(data, r.gpu), data.runs[r.run_id].problem, r.run_id, r.grader_version)
+        "superseded": [(gpu_label(data, r.gpu), data.runs[r.run_id].problem, r.run_id, r.grader_version,
+                        f"{r.status} under a rule a later grader changed"
+                        if settings.verdict_superseded(r.grader_version, r.message)
+                        else "a pass timed by an older method")
                        for r in sorted(data.superseded, key=lambda r: (r.gpu, data.runs[r.run_id].problem, r.run_id))],
         "problems": [problem_rules(data.problems[k]) for k in sorted(data.problems)],
         "default_tolerance": [(d, _tol(t)) for d, t in DEFAULT_TOLERANCE.items()],

@@ -2,7 +2,8 @@
 
 One batch grades a faithful step (the reference's code copied, since `from reference` is forbidden in
 Mega solutions) and bad steps: a cache that did not grow, a state returned unadvanced, NaN written into
-the state, a layer's key dropped, a step that diverges only on a later step, and one that writes its
+the state, a layer's key dropped (while keys of the solution's own beside the problem's are accepted
+and never fed back), a step that diverges only on a later step, and one that writes its
 hidden input. Then the pieces alone: the flat layout, the cosine rule, the deck keys.
 """
 
@@ -53,6 +54,17 @@ BAD = {
     "hidden_write": "(hidden.zero_(), h)[1], st",  # a right answer, its hidden input overwritten
 }
 
+#: Keys of the solution's own in the returned state, as KernelBench-Mega's published kernels keep them
+#: (a decompressed MLA cache, preallocated buffers): accepted, never compared, never fed back. The
+#: second returns the hidden output it kept in the state whenever a state carrying it comes back — a
+#: stale answer the grader would take if it ever chained a step onto the solution's own state.
+EXTRA = {
+    "extra_keys": "h, [dict(d, k_nope=d['c_kv'].float()) if 'c_kv' in d else dict(d, _scratch=d['S'][:1]) "
+                  "for d in st]",
+    "extra_replay": "(state[0]['_h'] if '_h' in state[0] else h), [dict(d, _h=h) if i == 0 else d "
+                    "for i, d in enumerate(st)]",
+}
+
 
 def _run(i: int, name: str) -> str:
     return f"20261201_00000{i}_t_{name}_{PROBLEM}"
@@ -65,7 +77,7 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     shutil.copytree(FOLDER, deck / PROBLEM)
     reference = (FOLDER / "reference.py").read_text()
     sources = {"faithful": reference} | {name: reference + _WRAP.replace("CHANGE", change)
-                                         for name, change in BAD.items()}
+                                         for name, change in (BAD | EXTRA).items()}
     ids = {}
     for i, (name, source) in enumerate(sources.items()):
         ids[name] = _run(i, name)
@@ -105,6 +117,16 @@ def test_a_bad_step_is_refused_naming_the_tensor(graded: dict, name: str, status
     assert row["status"] == status and words in row["message"], row["message"]
 
 
+@pytest.mark.parametrize("name", EXTRA)
+def test_state_keys_of_the_solutions_own_are_accepted_and_never_fed_back(graded: dict, name: str) -> None:
+    row = graded[name]
+    assert row["status"] == "pass", row["message"]
+    log = (graded["_out"] / row["log_path"]).read_text()
+    own = "state[3].k_nope" if name == "extra_keys" else "state[0]._h"
+    said = [line for line in log.splitlines() if "the step's state also holds" in line]
+    assert said and own in said[0], log[-2000:]
+
+
 def test_a_step_wrong_only_later_is_caught_at_that_step(graded: dict) -> None:
     """Teacher forcing: each step's check starts from the reference's state, so the drifting step fails
     at the step where it drifts, never at step 0."""
@@ -123,8 +145,10 @@ def test_the_layout_round_trips_and_names_every_tensor() -> None:
     assert float(hidden) == 5.0 and again[1]["c_kv"] is state[1]["c_kv"] and again[0]["S"] is state[0]["S"]
     with pytest.raises(StepOutputError, match="has 4 layers, expected 2"):
         layout.flatten(hidden, state[:1] * 2 + state)
-    with pytest.raises(StepOutputError, match=r"state\[1\] returned has keys \['x'\]"):
+    with pytest.raises(StepOutputError, match=r"state\[1\] returned has keys \['x'\], expected \['c_kv'\] \(c_kv"):
         layout.flatten(hidden, [state[0], {"x": torch.zeros(1)}])
+    own = [state[0], {**state[1], "v": torch.zeros(1), "_pos": 3}]  # keys of the solution's own: not the problem's
+    assert layout.flatten(hidden, own) == flat and layout.extra_keys(own) == ["state[1]._pos", "state[1].v"]
 
 
 def test_the_adapter_calls_the_entry_and_flattens_what_it_returns() -> None:

@@ -16,6 +16,8 @@ from kernelboard.eval.schema import STATUSES
 from kernelboard.sitegen.agreement import (
     EVIDENCE,
     EXCLUDED_OURS,
+    OUR_LIMIT,
+    OUR_LIMITS,
     OURS_ONLY_CASES,
     THEIRS_NUMERIC_STRESS_SINCE,
     TO_EXPLAIN,
@@ -296,3 +298,24 @@ def test_every_evidence_entry_is_a_disagreement_in_the_data() -> None:
     pairs = {p.run.run_id: p for p in agreement(load_site(DATA, DECKS)).pairs}
     for run_id in EVIDENCE:
         assert run_id in pairs and pairs[run_id].verdict.kind == "differ", run_id
+
+
+def test_our_limit_replaces_a_stronger_class_and_counts_against_the_figure() -> None:
+    """opus-4-8's Mega kernel: a timed call's probes missed (the class would be "stronger check: outputs of
+    the timed calls verified"), but the miss is our grader's limit, so it counts against the figure."""
+    message = ("shape 1: timed call 114 (input set 0, output 0) returned a wrong output: 6 of 32 probed elements "
+               "out of tolerance")
+    assert classify("wrong", message, "pass").stronger
+    why = next(iter(OUR_LIMITS.values()))
+    verdict = classify("wrong", message, "pass", limit=why)
+    assert verdict.kind == "differ" and verdict.explained and not verdict.stronger
+    assert verdict.cause == f"{OUR_LIMIT}{why}"
+    assert classify("pass", "", "pass", "", limit=why).kind == "agree"  # a limit never turns a verdict
+
+
+def test_every_limit_entry_is_a_disagreement_in_the_data_that_counts() -> None:
+    a = agreement(load_site(DATA, DECKS))
+    pairs = {p.run.run_id: p for p in a.pairs}
+    for run_id in OUR_LIMITS:
+        assert run_id in pairs and pairs[run_id].verdict.kind == "differ", run_id
+        assert pairs[run_id] in a.other and pairs[run_id] not in a.stronger
