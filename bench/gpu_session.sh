@@ -7,6 +7,7 @@
 #               (SEED: a .tgz of a results folder, or a folder; default data/results);
 #               IDS=all grades every run of the deck not graded yet (--resume decides)
 #   DECK=mega   the Mega deck (default hard)
+#   EXCLUDE=g,h run_id globs left out (eval --exclude): a kernel that outlasts a call, say
 #   BENCH=1     bench/gpu_grading.py on GPU 0 (LOAD busy processes)
 # Results are packed into $OUT (default ./gpu-session-out) every 30 s, so a call cut short still
 # returns what finished: res.tgz is a results folder, SEED for the next call and `eval merge`'s source.
@@ -61,6 +62,7 @@ if [ -n "${IDS:-}" ]; then
   mkdir -p $WORK/res
   if [ -f "$SEED" ]; then tar -C $WORK -xzf "$SEED"; else cp -r "$SEED"/. $WORK/res/; fi
   only=(); [ "$IDS" = all ] || while read -r id; do [ -n "$id" ] && only+=(--only "$id"); done < "$IDS"
+  IFS=, read -r -a globs <<< "${EXCLUDE:-}"; for g in "${globs[@]}"; do [ -n "$g" ] && only+=(--exclude "$g"); done
   DECK=${DECK:-hard}
   echo "== grading ${IDS/#all/every ungraded run of $DECK} (${#only[@]} flags) into a folder seeded from $SEED ($(left) s left)"
   timeout -s INT "$(left)" .venv-eval/bin/kernelboard eval --deck eval/decks/$DECK --submissions data/submissions/$DECK \

@@ -60,6 +60,7 @@ class EvalOptions:
     out: Path
     device: str = "cuda"
     only: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()  # run_id globs left out, after `only`
     resume: bool = False
     regrade: bool = False  # grade even what --resume would skip, and measure baselines again
     prebuild: bool | None = None  # compile the next solution on the CPU meanwhile; None = on for CUDA
@@ -308,12 +309,14 @@ def jail_for(opts: EvalOptions) -> Jail:
 
 
 def select_submissions(opts: EvalOptions, deck_problems: set[str] | None = None) -> list[Submission]:
-    """The submissions `--only` selects (all without it), sorted by run_id. A folder that cannot be
+    """The submissions `--only` selects (all without it) less those `--exclude` names, sorted by run_id. A
+    folder that cannot be
     read, or (given the deck's problem names) names a problem the deck lacks, is skipped with one
     line on stderr; when every selected folder is refused that is one error listing them, and when
     none is selected a usage error."""
     def chosen(name: str) -> bool:
-        return not opts.only or any(fnmatch.fnmatch(name, g) for g in opts.only)
+        return ((not opts.only or any(fnmatch.fnmatch(name, g) for g in opts.only))
+                and not any(fnmatch.fnmatch(name, g) for g in opts.exclude))
 
     found, refused = discover(opts.submissions)
     refused = [line for line in refused if chosen(_entry_name(opts.submissions, line))]
@@ -332,7 +335,8 @@ def select_submissions(opts: EvalOptions, deck_problems: set[str] | None = None)
         raise SubmissionError(refused[0] if len(refused) == 1 else
                               f"every selected submission was refused ({len(refused)}):\n  " + "\n  ".join(refused))
     if not subs:
-        raise UsageError(f"no submissions under {opts.submissions} match {list(opts.only) or 'anything'}")
+        left_out = f" less {list(opts.exclude)}" if opts.exclude else ""
+        raise UsageError(f"no submissions under {opts.submissions} match {list(opts.only) or 'anything'}{left_out}")
     return subs
 
 

@@ -62,6 +62,9 @@ def _os_errors_are_one_line(command: Callable[..., Any]) -> Callable[..., Any]:
               help="cpu grades the problems' small CPU shapes and labels every timing as CPU.")
 @click.option("--only", "only", multiple=True, metavar="GLOB",
               help="Grade only runs whose run_id matches this glob (repeatable).")
+@click.option("--exclude", "exclude", multiple=True, metavar="GLOB",
+              help="Leave out runs whose run_id matches this glob (repeatable; after --only): a kernel "
+                   "whose first call autotunes past a GPU call's deadline, say.")
 @click.option("--resume", is_flag=True,
               help="Skip runs already graded on this GPU with the same solution by a grader whose results "
                    "this one reproduces (settings.RESULTS_COMPARABLE_SINCE up to this version).")

@@ -102,6 +102,21 @@ def test_resume_skips_only_results_this_grader_would_give(monkeypatch: pytest.Mo
     assert settings.result_current(graded_by) is skipped
 
 
+@pytest.mark.parametrize(("graded_by", "message", "current"), [
+    ("0.4.8", "shape 0 (context 2048) seed 0 step 0 (op audit): StepOutputError: state[3] returned has keys "
+              "['c_kv', 'k_nope', 'k_rope', 'v'], expected ['c_kv', 'k_rope']", False),  # 0.5.0 accepts them
+    ("0.5.0", "shape 0 seed 0 step 0: StepOutputError: state[3] returned has keys ['c_kv'], expected "
+              "['c_kv', 'k_rope'] (k_rope missing)", True),  # a key missing: refused by 0.5.0 too
+    ("0.4.8", "shape 1: timed call 114 (input set 0, output 0) returned a wrong output", True),
+    ("0.4.8", None, True),
+])
+def test_resume_grades_again_a_verdict_a_later_rule_changed(monkeypatch: pytest.MonkeyPatch, graded_by: str,
+                                                            message: str | None, current: bool) -> None:
+    monkeypatch.setattr(settings, "GRADER_VERSION", "0.5.0")
+    assert settings.result_current(graded_by, message) is current
+    assert settings.verdict_superseded(graded_by, message) is (not current)
+
+
 @pytest.mark.parametrize(("status", "message", "retried"), [
     ("error", "OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB.", True),
     ("error", "RuntimeError: Expected trailing dimension of mat1 to be divisible by 16 (K=4127)", False),

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from site_fixtures import PASS, SiteInputs
 
 from kernelboard.cli import main as cli
-from kernelboard.errors import DataError, SubmissionError
+from kernelboard.errors import DataError, SubmissionError, UsageError
 from kernelboard.eval.deck import load_deck
 from kernelboard.eval.schedule import EvalOptions, grade_submission, select_submissions
 from kernelboard.eval.submission import discover, load_submission
@@ -262,6 +262,20 @@ def test_only_glob_keeps_unselected_bad_folders_quiet(tmp_path: Path) -> None:
     _sub(subs, "bad", run_yaml="- x\n")
     opts = EvalOptions(deck=DECK, submissions=subs, out=tmp_path / "out", device="cpu", only=("good",))
     assert [s.run_id for s in select_submissions(opts)] == ["good"]
+
+
+def test_exclude_globs_leave_runs_out_after_only(tmp_path: Path) -> None:
+    subs = tmp_path / "subs"
+    for name in ("a_fast", "b_slow", "c_fast"):
+        _sub(subs, name)
+    opts = EvalOptions(deck=DECK, submissions=subs, out=tmp_path / "out", device="cpu", exclude=("*slow",))
+    assert [s.run_id for s in select_submissions(opts)] == ["a_fast", "c_fast"]
+    opts = EvalOptions(deck=DECK, submissions=subs, out=tmp_path / "out", device="cpu", only=("*fast",),
+                       exclude=("c_*",))
+    assert [s.run_id for s in select_submissions(opts)] == ["a_fast"]
+    opts = EvalOptions(deck=DECK, submissions=subs, out=tmp_path / "out", device="cpu", exclude=("*",))
+    with pytest.raises(UsageError, match=r"match anything less \['\*'\]"):
+        select_submissions(opts)
 
 
 # ----------------------------------------------------------------------------------- annotations, site
