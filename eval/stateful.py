@@ -111,7 +111,9 @@ class StepAdapter(nn.Module):
         if not isinstance(out, tuple | list) or len(out) != 2:
             raise StepOutputError(f"{self.entry} returned a {type(out).__name__}, expected (hidden, state)")
         flat = tuple(self.layout.flatten(out[0], out[1]))
-        self.extra_keys = self.layout.extra_keys(out[1])
+        # named only where a layer holds more keys than the problem's (a timed call's host work stays as small)
+        grew = any(len(layer) != len(keys) for layer, keys in zip(out[1], self.layout.layers, strict=True))
+        self.extra_keys = self.layout.extra_keys(out[1]) if grew else []
         return flat
 
 
