@@ -22,7 +22,7 @@ left() { echo $(( DEADLINE - ( $(date +%s) - T0 ) )); }
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 exec > >(tee "$OUT/session.log") 2>&1
-echo "== $(date -u +%FT%TZ) $(hostname) git $(git rev-parse --short HEAD 2>/dev/null)"
+echo "== $(date -u +%FT%TZ) $(hostname)"  # the grader version is on the setup line: the copy's .git may not be the checkout's
 nvidia-smi --query-gpu=name,driver_version,memory.used,temperature.gpu,clocks.sm --format=csv,noheader
 
 dpkg -x "$CARRY"/bubblewrap_*.deb /tmp/bw && export PATH=/tmp/bw/usr/bin:$PATH
@@ -30,7 +30,7 @@ bwrap --version || exit 1
 make -s .venv-eval/bin/python PYTHON=python3 >/dev/null || exit 1
 .venv-eval/bin/pip install -q --no-deps --no-build-isolation -e . || exit 1
 .venv-eval/bin/pip install -q --no-index --no-deps "$CARRY"/whl/*.whl || exit 1
-.venv-eval/bin/python -c "import torch, kernelboard; print('torch', torch.__version__, torch.cuda.get_device_name())"
+.venv-eval/bin/python -c "import torch, kernelboard; print('torch', torch.__version__, torch.cuda.get_device_name(), 'kernelboard', kernelboard.__version__)"
 echo "== setup done at $(( $(date +%s) - T0 )) s"
 
 WORK=${WORK:-/tmp/work}
