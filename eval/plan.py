@@ -176,6 +176,11 @@ class ShapePlan:
     proof_refs: list[list[Output]] = field(default_factory=list)
     proof_seeds: list[list[int]] = field(default_factory=list)
     layout: StepLayout | None = None  # a stateful step's (stateful.py): how its flat inputs nest
+    proof_inputs: list[list[list[Any]]] = field(default_factory=list)  # kept only for router problems
+    # A router problem's reference step (margins on), kept for the judge's other expert choices
+    # (judge.py `_RunnerUps`), and how many routers one step has.
+    reference_step: StepAdapter | None = None
+    routers: int = 0
 
 
 @torch.no_grad()
@@ -283,6 +288,8 @@ def _plan_steps(problem: Problem, spec: Stateful, reference: types.ModuleType, r
         plan.timing_seeds.append(seed + 7919 * plan.shape.idx)
     if proof_seed is not None:
         _proof_sets(plan, reference, step, proof_seed + 7919 * plan.shape.idx, device, draw=draw_clear)
+    if spec.router_margin_ulps is not None:
+        plan.reference_step, plan.routers = step, len(step.last_margins)
 
 
 def _nbytes(inputs: list[Any]) -> int:

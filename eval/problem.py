@@ -67,7 +67,10 @@ class Stateful:
     consecutive steps per seed (each step gets the reference's hidden and state of that position),
     every state tensor judged beside the output (eval/stateful.py flattens them), each also under
     the cosine rule (`cos_sim`), and the element-wise bound excused at a step where a router's margin
-    is under `router_margin_ulps` (a rounding may then choose another expert; the cosine rule stays)."""
+    is under `router_margin_ulps` (a rounding may then choose another expert; the cosine rule stays).
+    A deck that sets `router_margin_ulps` promises a reference whose `<entry>(hidden, state, margins,
+    flip=None)` appends each router's margin to `margins` and, given `flip=r`, has router r choose its
+    runner-up expert in place of its last chosen one (the judge's `_RunnerUps`)."""
 
     entry: str = "step"
     check_steps: int = 4

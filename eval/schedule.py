@@ -189,9 +189,10 @@ def _graded_solutions(opts: EvalOptions, gpu: str) -> dict[str, str | None]:
     results, runs = table_path(opts.out, gpu, "results"), table_path(opts.out, gpu, "runs")
     if not (results.exists() and runs.exists()):
         return {}
-    sha = {r["run_id"]: r["solution_sha256"] for r in read_table(runs, "runs").to_pylist()}
-    return {row["run_id"]: sha.get(row["run_id"]) for row in read_table(results, "results").to_pylist()
-            if result_current(row["grader_version"], row["message"])}
+    run_rows = {r["run_id"]: r for r in read_table(runs, "runs").to_pylist()}
+    return {row["run_id"]: run_rows.get(row["run_id"], {}).get("solution_sha256")
+            for row in read_table(results, "results").to_pylist()
+            if result_current(row["grader_version"], row["message"], run_rows.get(row["run_id"], {}).get("problem"))}
 
 
 def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem: Problem | None,

@@ -202,6 +202,7 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: 0.4.9 labels a solution that reads a helper of the original grader's reference.py `not_reproducible`
 #: (a build_error before): same checks and figures for every kernel that builds.
 #: 0.5.0 accepts a stateful step's state keys of its own (SUPERSEDED_VERDICTS names the verdicts it changes).
+#: 0.5.1 takes a router problem's timed call that returns another expert choice's output as that choice.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 
@@ -211,22 +212,30 @@ RESULTS_COMPARABLE_SINCE = "0.4.4"
 #: would send every graded run back to the GPU. 0.5.0 accepts a stateful step's state keys of its own beside
 #: the problem's (eval/stateful.py); 0.4.x refused them as `wrong`: three published Mega kernels that keep a
 #: decompressed MLA cache or preallocated buffers in the state.
-SUPERSEDED_VERDICTS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("0.5.0", re.compile(r"StepOutputError: state\[\d+\] returned has keys")),
+#: 0.5.1 holds a router problem's timed call that misses its reference to the output of another expert
+#: choice too (eval/judge.py `_RunnerUps`): a timed-call miss on the Mega step before 0.5.1 may be one.
+#: Each entry: (since, message pattern, the problems it applies to, or None for every problem).
+SUPERSEDED_VERDICTS: tuple[tuple[str, re.Pattern[str], frozenset[str] | None], ...] = (
+    ("0.5.0", re.compile(r"StepOutputError: state\[\d+\] returned has keys"), None),
+    ("0.5.1", re.compile(r"(timed call \d+ \(input set|floor batch \d+[^,]*, call \d+ \(input set"
+                         r"|(a timed call|the CUDA-graph replay) on input set) \d+.*returned a wrong output"),
+     frozenset({"02_kimi_linear_decode"})),
 )
 
 
-def verdict_superseded(graded_by: str, message: str | None) -> bool:
-    """Whether a verdict of grader `graded_by` with this message fell to a later rule (SUPERSEDED_VERDICTS)."""
+def verdict_superseded(graded_by: str, message: str | None, problem: str | None = None) -> bool:
+    """Whether a verdict of grader `graded_by` with this message, on `problem`, fell to a later rule
+    (SUPERSEDED_VERDICTS)."""
     return any(_version(graded_by) < _version(since) and pattern.search(message or "")
-               for since, pattern in SUPERSEDED_VERDICTS)
+               and (problems is None or problem in problems)
+               for since, pattern, problems in SUPERSEDED_VERDICTS)
 
 
-def result_current(graded_by: str, message: str | None = None) -> bool:
-    """Whether a result graded by `graded_by` is one this grader would give (see RESULTS_COMPARABLE_SINCE
-    and SUPERSEDED_VERDICTS)."""
+def result_current(graded_by: str, message: str | None = None, problem: str | None = None) -> bool:
+    """Whether a result graded by `graded_by` (on `problem`) is one this grader would give (see
+    RESULTS_COMPARABLE_SINCE and SUPERSEDED_VERDICTS)."""
     return (_version(RESULTS_COMPARABLE_SINCE) <= _version(graded_by) <= _version(GRADER_VERSION)
-            and not verdict_superseded(graded_by, message))
+            and not verdict_superseded(graded_by, message, problem))
 
 
 def baseline_reusable(variant: str, measured_by: str) -> bool:

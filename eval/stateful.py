@@ -101,11 +101,23 @@ class StepAdapter(nn.Module):
         self.extra_keys: list[str] = []  # the last call's state keys of the solution's own (module docstring)
 
     def forward(self, *flat: Any) -> tuple[Any, ...]:
+        return self._call(flat, None)
+
+    def with_runner_up(self, router: int, *flat: Any) -> tuple[Any, ...]:
+        """The reference's step with router `router` choosing its runner-up expert in place of its last
+        chosen one (problem.py `Stateful`: a deck with `router_margin_ulps` promises `flip=`): the
+        output another expert choice at that router gives."""
+        if not self.margins:
+            raise ValueError("only the reference's step (margins=True) takes a router's runner-up")
+        return self._call(flat, router)
+
+    def _call(self, flat: tuple[Any, ...], flip: int | None) -> tuple[Any, ...]:
         hidden, state = self.layout.unflatten(flat)
         step = getattr(self.model, self.entry)
         if self.margins:
             self.last_margins = []
-            out = step(hidden, state, self.last_margins)
+            out = (step(hidden, state, self.last_margins) if flip is None
+                   else step(hidden, state, self.last_margins, flip=flip))
         else:
             out = step(hidden, state)
         if not isinstance(out, tuple | list) or len(out) != 2:

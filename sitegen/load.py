@@ -408,7 +408,8 @@ def split_superseded(runs: dict[str, Run], results: tuple[Result, ...],
     place on a problem page and no run page: its model's row is a regrade in progress. A failure carries
     no speed, so its verdict stays; imported results are another grader's and never superseded; a problem
     whose baselines are all older keeps its rows. A verdict a later rule changed (`settings.SUPERSEDED_VERDICTS`:
-    a Mega step refused for state keys of its own) is held back the same way, pass or not."""
+    a Mega step refused for state keys of its own, or for a timed call that may be another expert choice) is
+    held back the same way, pass or not."""
     rebaselined = {(b.bench, b.problem, b.gpu) for b in baselines
                    if b.variant.startswith("compile") and not timed_before_method(b.grader_version)}
     shown, held = [], []
@@ -416,7 +417,7 @@ def split_superseded(runs: dict[str, Run], results: tuple[Result, ...],
         run = runs[r.run_id]
         stale = (r.is_pass and not r.is_imported and (run.bench, run.problem, r.gpu) in rebaselined
                  and timed_before_method(r.grader_version)) or (
-                     not r.is_imported and verdict_superseded(r.grader_version, r.message))
+                     not r.is_imported and verdict_superseded(r.grader_version, r.message, run.problem))
         (held if stale else shown).append(r)
     return tuple(shown), tuple(held)
 

@@ -211,7 +211,7 @@ def methodology(data: SiteData) -> dict[str, Any]:
         "results_comparable_since": settings.RESULTS_COMPARABLE_SINCE,
         "superseded": [(gpu_label(data, r.gpu), data.runs[r.run_id].problem, r.run_id, r.grader_version,
                         f"{r.status} under a rule a later grader changed"
-                        if settings.verdict_superseded(r.grader_version, r.message)
+                        if settings.verdict_superseded(r.grader_version, r.message, data.runs[r.run_id].problem)
                         else "a pass timed by an older method")
                        for r in sorted(data.superseded, key=lambda r: (r.gpu, data.runs[r.run_id].problem, r.run_id))],
         "problems": [problem_rules(data.problems[k]) for k in sorted(data.problems)],

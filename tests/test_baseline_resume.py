@@ -107,14 +107,33 @@ def test_resume_skips_only_results_this_grader_would_give(monkeypatch: pytest.Mo
               "['c_kv', 'k_nope', 'k_rope', 'v'], expected ['c_kv', 'k_rope']", False),  # 0.5.0 accepts them
     ("0.5.0", "shape 0 seed 0 step 0: StepOutputError: state[3] returned has keys ['c_kv'], expected "
               "['c_kv', 'k_rope'] (k_rope missing)", True),  # a key missing: refused by 0.5.0 too
-    ("0.4.8", "shape 1: timed call 114 (input set 0, output 0) returned a wrong output", True),
     ("0.4.8", None, True),
 ])
 def test_resume_grades_again_a_verdict_a_later_rule_changed(monkeypatch: pytest.MonkeyPatch, graded_by: str,
                                                             message: str | None, current: bool) -> None:
-    monkeypatch.setattr(settings, "GRADER_VERSION", "0.5.0")
+    monkeypatch.setattr(settings, "GRADER_VERSION", "0.5.1")
     assert settings.result_current(graded_by, message) is current
     assert settings.verdict_superseded(graded_by, message) is (not current)
+
+
+TIMED_MISS = "shape 1: timed call 114 (input set 0, output 0) returned a wrong output: 6 of 32 probed elements"
+
+
+@pytest.mark.parametrize(("graded_by", "message", "problem", "current"), [
+    ("0.4.8", TIMED_MISS, "02_kimi_linear_decode", False),  # 0.5.1 may take it as another expert choice
+    ("0.4.8", "shape 0: floor batch 1, call 3 (input set 3) returned a wrong output", "02_kimi_linear_decode", False),
+    ("0.4.8", "shape 0: longer floor batch 0 (the round trip outweighed the calls), call 3 (input set 3) returned a "
+              "wrong output", "02_kimi_linear_decode", False),
+    ("0.4.8", "shape 1: a timed call on input set 2 returned a wrong output", "02_kimi_linear_decode", False),
+    ("0.4.8", TIMED_MISS, "01_fp8_gemm", True),  # no router there: the rule changed nothing
+    ("0.5.1", TIMED_MISS, "02_kimi_linear_decode", True),
+    ("0.4.8", "shape 0 (context 2048) seed 7 step 0: output 0 (hidden): cosine similarity 0.8514 < 0.98",
+     "02_kimi_linear_decode", True),
+])
+def test_a_timed_miss_on_a_router_problem_is_graded_again(monkeypatch: pytest.MonkeyPatch, graded_by: str,
+                                                          message: str, problem: str, current: bool) -> None:
+    monkeypatch.setattr(settings, "GRADER_VERSION", "0.5.1")
+    assert settings.result_current(graded_by, message, problem) is current
 
 
 @pytest.mark.parametrize(("status", "message", "retried"), [

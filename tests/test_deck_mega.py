@@ -197,6 +197,34 @@ def test_two_models_from_the_seed_step_identically(ref: types.ModuleType, proble
     assert all(torch.equal(a[k], b[k]) for a, b in zip(s1, s2, strict=True) for k in a)
 
 
+def test_flip_chooses_one_routers_runner_up_and_nothing_else(ref: types.ModuleType, problem: Problem,
+                                                             models: dict[tuple[int, str], Any]) -> None:
+    """The grader's other expert choice (problem.py `Stateful`, judge.py `_RunnerUps`): `flip=r` has block r's
+    router take its best unchosen expert in place of its last chosen one; the other routers choose as before
+    (until the changed hidden vector reaches them) and the margins are the nominal step's."""
+    shape = problem.cpu_shapes[0]
+    cfg, model = _config(ref, shape), models[shape.idx, "ref"]
+    y = torch.randn(cfg.hidden, generator=torch.Generator().manual_seed(3)).to(cfg.dtype)
+    moe = model.blocks[0].moe
+    with torch.no_grad():
+        w, idx = moe.route(y)
+        w_up, idx_up = moe.route(y, runner_up=True)
+        ranked = torch.topk(torch.softmax(moe.router(y).float(), -1), cfg.n_active + 1).indices
+    assert idx[:-1].tolist() == idx_up[:-1].tolist() and int(idx[-1]) == int(ranked[-2])
+    assert int(idx_up[-1]) == int(ranked[-1]) != int(idx[-1])
+    assert float(w_up.sum()) == pytest.approx(float(w.sum()))  # renormalised over the experts it chose
+    hidden, state = ref.init_token(cfg, 4), ref.init_state(cfg, shape.params["context_len"], 4)
+    outs, margins = {}, {}
+    for flip in (None, *range(len(cfg.pattern))):
+        margins[flip] = []
+        with torch.no_grad():
+            outs[flip] = model.step(hidden, ref.clone_state(state), margins[flip], flip=flip)[0]
+    assert torch.equal(outs[None], model.step(hidden, ref.clone_state(state))[0])  # flip=None is the step
+    for flip in range(len(cfg.pattern)):
+        assert not torch.equal(outs[flip], outs[None]), flip
+        assert margins[flip][: flip + 1] == margins[None][: flip + 1]  # routers up to the flipped one saw the same
+
+
 def test_get_inputs_follow_the_shape_globals_and_the_seed(ref: types.ModuleType, problem: Problem,
                                                           raw: dict[str, Any]) -> None:
     shape = problem.cpu_shapes[1]

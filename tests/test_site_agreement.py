@@ -301,12 +301,13 @@ def test_every_evidence_entry_is_a_disagreement_in_the_data() -> None:
 
 
 def test_our_limit_replaces_a_stronger_class_and_counts_against_the_figure() -> None:
-    """opus-4-8's Mega kernel: a timed call's probes missed (the class would be "stronger check: outputs of
-    the timed calls verified"), but the miss is our grader's limit, so it counts against the figure."""
+    """As claude-opus-4-8's Mega kernel 075926 was until grader 0.5.1: a timed call's probes missed (the class
+    would be "stronger check: outputs of the timed calls verified"), but the miss was our grader's limit, so
+    it counted against the figure."""
     message = ("shape 1: timed call 114 (input set 0, output 0) returned a wrong output: 6 of 32 probed elements "
                "out of tolerance")
     assert classify("wrong", message, "pass").stronger
-    why = next(iter(OUR_LIMITS.values()))
+    why = "a timed call's router flip judged by the element-wise bound"
     verdict = classify("wrong", message, "pass", limit=why)
     assert verdict.kind == "differ" and verdict.explained and not verdict.stronger
     assert verdict.cause == f"{OUR_LIMIT}{why}"

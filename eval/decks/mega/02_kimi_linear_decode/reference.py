@@ -291,10 +291,17 @@ class MoE(nn.Module):
         self.s_up = QuantExperts(cfg.n_shared, d, m, g, device)
         self.s_down = QuantExperts(cfg.n_shared, m, d, g, device)
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weights fp32, expert indices) of the n_active experts this token goes to."""
+    def route(self, x: torch.Tensor, runner_up: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights fp32, expert indices) of the n_active experts this token goes to; with `runner_up`,
+        the best unchosen expert in place of the last chosen one (the grader's other expert choice at a
+        tie, eval/judge.py `_RunnerUps`)."""
         probs = torch.softmax(self.router(x).float(), dim=-1)
-        w, idx = torch.topk(probs, self.cfg.n_active)
+        n = self.cfg.n_active
+        if runner_up and n < self.cfg.n_experts:
+            w, idx = torch.topk(probs, n + 1)
+            w, idx = torch.cat([w[: n - 1], w[n:]]), torch.cat([idx[: n - 1], idx[n:]])
+        else:
+            w, idx = torch.topk(probs, n)
         return w / (w.sum() + 1e-9) * self.cfg.routed_scaling, idx
 
     def margin_ulps(self, x: torch.Tensor) -> float:
@@ -315,8 +322,8 @@ class MoE(nn.Module):
         h = F.silu(xf @ gate.weight_bf(e).float()) * (xf @ up.weight_bf(e).float())
         return h @ down.weight_bf(e).float()
 
-    def step(self, x: torch.Tensor) -> torch.Tensor:
-        w, idx = self.route(x)
+    def step(self, x: torch.Tensor, runner_up: bool = False) -> torch.Tensor:
+        w, idx = self.route(x, runner_up)
         out = torch.zeros(self.cfg.hidden, dtype=torch.float32, device=x.device)
         for j in range(self.cfg.n_active):
             out = out + w[j] * self.expert(x, self.gate, self.up, self.down, int(idx[j]))
@@ -336,12 +343,13 @@ class Block(nn.Module):
         self.attn = KDA(cfg, device) if kind == "K" else MLA(cfg, device)
         self.moe = MoE(cfg, device)
 
-    def step(self, x: torch.Tensor, st: dict[str, torch.Tensor], margins: list[float] | None = None) -> torch.Tensor:
+    def step(self, x: torch.Tensor, st: dict[str, torch.Tensor], margins: list[float] | None = None,
+             runner_up: bool = False) -> torch.Tensor:
         h = x + self.attn.step(rmsnorm(x, self.attn_norm), st)
         y = rmsnorm(h, self.moe_norm)
         if margins is not None:
             margins.append(self.moe.margin_ulps(y))
-        return h + self.moe.step(y)
+        return h + self.moe.step(y, runner_up)
 
 
 class Model(nn.Module):
@@ -372,11 +380,12 @@ class Model(nn.Module):
             elif isinstance(mod, KDA):
                 mod.conv_w.copy_(torch.randn(mod.conv_w.shape, generator=gen, device=device) * 0.1)
 
-    def step(self, hidden: torch.Tensor, state: list[dict[str, torch.Tensor]], margins: list[float] | None = None
-             ) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
-        """One token; `margins`, if given, receives each MoE's router margin (MoE.margin_ulps)."""
-        for blk, st in zip(self.blocks, state, strict=True):
-            hidden = blk.step(hidden, st, margins)
+    def step(self, hidden: torch.Tensor, state: list[dict[str, torch.Tensor]], margins: list[float] | None = None,
+             flip: int | None = None) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
+        """One token; `margins`, if given, receives each MoE's router margin (MoE.margin_ulps); `flip`, if
+        given, makes the MoE of that block choose its runner-up expert in place of its last chosen one."""
+        for i, (blk, st) in enumerate(zip(self.blocks, state, strict=True)):
+            hidden = blk.step(hidden, st, margins, runner_up=i == flip)
         return hidden, state
 
     def forward(self, hidden: torch.Tensor, state: list[dict[str, torch.Tensor]]
