@@ -131,9 +131,11 @@ def main() -> int:
     seeds = tuple(args.seed + i for i in range(args.sets))
     plan = make_plan(problem, reference, (shape,), [problem.seeds[0]], seeds, device)[0]
     assert plan.layout is not None
-    torch.manual_seed(problem.seeds[0])
-    ref_model = build_model(reference, plan.init_args, device, init_on_device=problem.draw_on_device)
-    ref_step = StepAdapter(ref_model, plan.layout, spec.entry, margins=spec.router_margin_ulps is not None)
+    ref_step = plan.reference_step  # kept by make_plan for a router problem; else built here
+    if ref_step is None:
+        torch.manual_seed(problem.seeds[0])
+        ref_model = build_model(reference, plan.init_args, device, init_on_device=problem.draw_on_device)
+        ref_step = StepAdapter(ref_model, plan.layout, spec.entry)
     refs = []
     with torch.no_grad():
         for k, flat in enumerate(plan.timing_sets):

@@ -190,9 +190,12 @@ def _graded_solutions(opts: EvalOptions, gpu: str) -> dict[str, str | None]:
     if not (results.exists() and runs.exists()):
         return {}
     run_rows = {r["run_id"]: r for r in read_table(runs, "runs").to_pylist()}
-    return {row["run_id"]: run_rows.get(row["run_id"], {}).get("solution_sha256")
-            for row in read_table(results, "results").to_pylist()
-            if result_current(row["grader_version"], row["message"], run_rows.get(row["run_id"], {}).get("problem"))}
+    graded = {}
+    for row in read_table(results, "results").to_pylist():
+        run = run_rows.get(row["run_id"], {})
+        if result_current(row["grader_version"], row["message"], run.get("problem")):
+            graded[row["run_id"]] = run.get("solution_sha256")
+    return graded
 
 
 def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem: Problem | None,
