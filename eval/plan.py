@@ -54,12 +54,15 @@ def apply_shape(reference: types.ModuleType, problem: Problem, shape: Shape) -> 
         setattr(reference, global_name, shape.params[key])
 
 
-def draw_inputs(reference: types.ModuleType, seed: int, device: str, on_device: bool = False) -> list[Any]:
+def draw_inputs(reference: types.ModuleType, seed: int, device: str, on_device: bool = False,
+                fresh: bool = False) -> list[Any]:
     """`get_inputs()` after seeding, moved to `device`; with `on_device` drawn there (its factory
-    calls default to it) rather than on the CPU and moved."""
+    calls default to it) rather than on the CPU and moved. With `fresh`, the reference's
+    `get_fresh_inputs()` where it has one (`draw_fresh`)."""
     torch.manual_seed(seed)
+    get = getattr(reference, "get_fresh_inputs", reference.get_inputs) if fresh else reference.get_inputs
     with torch.device(device) if on_device else contextlib.nullcontext():
-        drawn = reference.get_inputs()
+        drawn = get()
     return [moved(x, device) for x in drawn]
 
 
@@ -79,11 +82,13 @@ def draw_fresh(reference: types.ModuleType, seed: int, device: str, on_device: b
     """Inputs that no fixed seed names (the timing pool, the floor batches: fresh for every run):
     drawn on `device` itself where the reference's `get_inputs()` runs there, since their values
     need not be the original's and the CPU's generator is slow (03's server-batch shape: about 1 s
-    of its 0.27 GB a set, a dozen sets a grading); on the CPU as the checked seeds are otherwise."""
+    of its 0.27 GB a set, a dozen sets a grading); on the CPU as the checked seeds are otherwise.
+    A reference whose `get_inputs()` draws on the CPU under any device context (so that a seed
+    means the same values everywhere: Mega's) offers `get_fresh_inputs()` for these sets."""
     if on_device or device == "cpu":
-        return draw_inputs(reference, seed, device, on_device)
+        return draw_inputs(reference, seed, device, on_device, fresh=True)
     try:
-        return draw_inputs(reference, seed, device, on_device=True)
+        return draw_inputs(reference, seed, device, on_device=True, fresh=True)
     except (RuntimeError, TypeError, ValueError, NotImplementedError):  # a CPU-only step in get_inputs()
         return draw_inputs(reference, seed, device)
 
@@ -244,8 +249,11 @@ def _plan_steps(problem: Problem, spec: Stateful, reference: types.ModuleType, r
     wrong step fails that step, and a kernel is judged at several positions: RoPE, cache growth).
     Timing and floor-batch sets are drawn states, one step each. Every set is flat (stateful.py)."""
 
-    def draw(seed: int) -> list[Any]:
-        hidden, state = draw_inputs(reference, seed, device, problem.draw_on_device)
+    def draw(seed: int, fresh: bool = False) -> list[Any]:
+        """A seed's flat inputs; `fresh` (timing and floor-batch sets) drawn on the device where the
+        reference can (`draw_fresh`): the checked seeds' states are the same on every device."""
+        drawn = (draw_fresh if fresh else draw_inputs)(reference, seed, device, problem.draw_on_device)
+        hidden, state = drawn
         if plan.layout is None:
             plan.layout = StepLayout.of(state)
         return plan.layout.flatten(hidden, state)
@@ -267,11 +275,11 @@ def _plan_steps(problem: Problem, spec: Stateful, reference: types.ModuleType, r
         """A set for timing or a floor batch, with the reference's output: a drawn state clear of
         router ties (ROUTER_CLEAR_*). The reference is called on a copy (a step may update its state)."""
         if spec.router_margin_ulps is None:
-            flat = draw(seed)
+            flat = draw(seed, fresh=True)
             return flat, step(*clone_flat(flat))
         widest, widest_margin = None, -math.inf
         for k in range(ROUTER_CLEAR_DRAWS):
-            flat = draw(seed + 1_000_003 * k)
+            flat = draw(seed + 1_000_003 * k, fresh=True)
             out = step(*clone_flat(flat))
             margin = min(step.last_margins, default=math.inf)
             if margin >= ROUTER_CLEAR_FACTOR * spec.router_margin_ulps:

@@ -342,6 +342,26 @@ def test_drawn_state_moves_to_the_device_with_the_hidden_vector(ref: types.Modul
 
 
 
+def test_fresh_sets_use_the_devices_generator_checked_seeds_the_cpus(ref: types.ModuleType,
+                                                                     problem: Problem) -> None:
+    """Checked seeds mean the same values on every device; timing and floor-batch states are drawn on
+    the device itself (`get_fresh_inputs`), where the CPU's generator cost seconds a grading. On the
+    CPU both are one draw."""
+    from kernelboard.eval.plan import draw_fresh
+
+    apply_shape(ref, problem, problem.cpu_shapes[0])
+    checked, fresh = draw_inputs(ref, 5, "cpu", True), draw_fresh(ref, 5, "cpu", True)
+    assert torch.equal(checked[0], fresh[0]) and all(
+        torch.equal(a, b) for la, lb in zip(checked[1], fresh[1], strict=True) for a, b in zip(
+            la.values(), lb.values(), strict=True))
+    if not torch.cuda.is_available():
+        return
+    on_gpu, again = draw_fresh(ref, 5, "cuda", True), draw_inputs(ref, 5, "cuda", True)
+    assert on_gpu[0].device.type == "cuda" and not torch.equal(on_gpu[0].cpu(), checked[0])
+    assert torch.equal(again[0].cpu(), checked[0])  # a checked seed: the CPU's values, moved
+    assert torch.equal(draw_fresh(ref, 5, "cuda", True)[1][0]["S"], on_gpu[1][0]["S"])  # seeded all the same
+
+
 def _plan_with_margins(problem: Problem) -> tuple[Any, Any, list[float]]:
     """make_plan on the first CPU shape, and the reference's least router margin (ulps) on every
     timing and floor-batch set it drew, recomputed here on a model of its own."""

@@ -394,19 +394,21 @@ class Model(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------
-# state and inputs: drawn on the CPU from explicit generators (the same values on every device),
-# then moved; the distributions are KernelBench-Mega's.
+# state and inputs: drawn from explicit generators, on the CPU (the same values on every device)
+# and moved, or on the device itself for the grader's fresh sets (below); the distributions are
+# KernelBench-Mega's.
 # ----------------------------------------------------------------------------------------------
-def init_state(cfg: Config, context_len: int, seed: int, device: torch.device | str = "cpu"
-               ) -> list[dict[str, torch.Tensor]]:
+def init_state(cfg: Config, context_len: int, seed: int, device: torch.device | str = "cpu",
+               draw_on: torch.device | str = "cpu") -> list[dict[str, torch.Tensor]]:
     """The decode state after `context_len` tokens: per KDA layer S (H, Dk, Dk) fp32 ~ 0.05·N and the
     conv windows cq, ck, cv (width−1, H·Dk) bf16 ~ 0.1·N; for the MLA layer the caches c_kv
-    (context_len, kv_lora) and k_rope (context_len, qk_rope) bf16 ~ 0.1·N."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)  # on the CPU even under a `torch.device` context
+    (context_len, kv_lora) and k_rope (context_len, qk_rope) bf16 ~ 0.1·N. Drawn by a generator on
+    `draw_on` (the CPU by default, under a `torch.device` context too), then moved to `device`."""
+    gen = torch.Generator(device=draw_on).manual_seed(seed)
     c = cfg.kda_heads * cfg.kda_head_dim
 
     def draw(*shape: int, scale: float, dtype: torch.dtype) -> torch.Tensor:
-        return (torch.randn(*shape, generator=gen, device="cpu") * scale).to(dtype).to(device)
+        return (torch.randn(*shape, generator=gen, device=draw_on) * scale).to(dtype).to(device)
 
     state: list[dict[str, torch.Tensor]] = []
     for kind in cfg.pattern:
@@ -420,10 +422,12 @@ def init_state(cfg: Config, context_len: int, seed: int, device: torch.device | 
     return state
 
 
-def init_token(cfg: Config, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The incoming hidden vector: (hidden,) bf16 ~ 0.25·N, from seed + 1 (not the state's stream)."""
-    gen = torch.Generator(device="cpu").manual_seed(seed + 1)
-    return (torch.randn(cfg.hidden, generator=gen, device="cpu") * 0.25).to(cfg.dtype).to(device)
+def init_token(cfg: Config, seed: int, device: torch.device | str = "cpu",
+               draw_on: torch.device | str = "cpu") -> torch.Tensor:
+    """The incoming hidden vector: (hidden,) bf16 ~ 0.25·N, from seed + 1 (not the state's stream),
+    drawn on `draw_on` as `init_state` draws."""
+    gen = torch.Generator(device=draw_on).manual_seed(seed + 1)
+    return (torch.randn(cfg.hidden, generator=gen, device=draw_on) * 0.25).to(cfg.dtype).to(device)
 
 
 def clone_state(state: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
@@ -465,8 +469,20 @@ def get_init_inputs() -> list[Config]:
 
 
 def get_inputs() -> list:
-    """[hidden, state] at CONTEXT_LEN, drawn from a seed taken from the global CPU RNG (so the
-    grader's torch.manual_seed(seed) before the call decides them, as for the Hard decks)."""
+    """[hidden, state] at CONTEXT_LEN, drawn on the CPU (the same values on every device) from a seed
+    taken from the global CPU RNG (so the grader's torch.manual_seed(seed) before the call decides
+    them, as for the Hard decks)."""
     cfg = _config_from_globals()
     seed = int(torch.randint(0, 2**31 - 1, (), device="cpu"))  # the CPU generator under any device context
     return [init_token(cfg, seed), init_state(cfg, CONTEXT_LEN, seed)]
+
+
+def get_fresh_inputs() -> list:
+    """As `get_inputs`, but drawn by the generator of the default device (the grader's `torch.device`
+    context): for sets whose values need not be the same on every device (plan.py `draw_fresh`: the
+    timing and floor-batch states). A router-clear set may take eight draws, and the CPU's generator
+    spends about 0.1 s on each 25 MB state at context 16384."""
+    cfg = _config_from_globals()
+    seed = int(torch.randint(0, 2**31 - 1, (), device="cpu"))
+    where = torch.get_default_device()
+    return [init_token(cfg, seed, where, where), init_state(cfg, CONTEXT_LEN, seed, where, where)]
