@@ -203,6 +203,8 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: (a build_error before): same checks and figures for every kernel that builds.
 #: 0.5.0 accepts a stateful step's state keys of its own (SUPERSEDED_VERDICTS names the verdicts it changes).
 #: 0.5.1 takes a router problem's timed call that returns another expert choice's output as that choice.
+#: 0.5.2 runs the op audit on a shape's second call (warm), not its first, and draws a stateful deck's
+#: timing and floor-batch states on the device: no verdict changes (a first-call-only op buys no time).
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 
