@@ -8,7 +8,8 @@ only on published kernels on a machine you can throw away (the GPU session's). W
 modes, and a Triton autotuner benchmarks each config with thousands of such reps in the first call.
 cursor composer-2.5-fast's Mega kernel spent more than 500 s in that call on the H200.
 
-    python bench/first_call_audit.py SUBMISSION_DIR --deck eval/decks/mega --shape 0
+    python bench/first_call_audit.py SUBMISSION_DIR --deck eval/decks/mega --shape 0 [--modes plain,audited]
+        [--timeout S]
 """
 
 from __future__ import annotations
@@ -70,18 +71,25 @@ def main() -> int:
     ap.add_argument("--deck", type=Path, default=Path("eval/decks/mega"))
     ap.add_argument("--shape", type=int, default=0)
     ap.add_argument("--device", default="cuda", help="cpu runs the deck's CPU shapes (to try the script)")
+    ap.add_argument("--modes", default="audited,plain", help="which first calls, in this order")
+    ap.add_argument("--timeout", type=float, default=None, help="seconds each first call may take")
     ap.add_argument("--one", choices=("audited", "plain"), help=argparse.SUPPRESS)  # the child's mode
     args = ap.parse_args()
     if args.one:
         row = _first_call(args.submission, args.deck, args.shape, args.device, args.one == "audited")
         print(json.dumps(row))
         return 0
-    for mode in ("audited", "plain"):
+    for mode in args.modes.split(","):
         with tempfile.TemporaryDirectory(prefix="triton-cache-") as cache:
             env = {**os.environ, "TRITON_CACHE_DIR": cache}
-            done = subprocess.run([sys.executable, __file__, str(args.submission), "--deck", str(args.deck),
-                                   "--shape", str(args.shape), "--device", args.device, "--one", mode],
-                                  env=env, capture_output=True, text=True)
+            try:
+                done = subprocess.run([sys.executable, __file__, str(args.submission), "--deck", str(args.deck),
+                                       "--shape", str(args.shape), "--device", args.device, "--one", mode],
+                                      env=env, capture_output=True, text=True, timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                print(f"{args.submission.name} shape {args.shape}, first call {mode}: more than {args.timeout:.0f} s "
+                      f"(stopped)")
+                continue
         if done.returncode != 0:
             print(f"{mode}: failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
             return 1
