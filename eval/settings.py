@@ -245,3 +245,10 @@ def baseline_reusable(variant: str, measured_by: str) -> bool:
     grader would measure now (see BASELINE_METHOD_SINCE)."""
     since = BASELINE_METHOD_SINCE[variant.split(":", 1)[0]]
     return _version(since) <= _version(measured_by) <= _version(GRADER_VERSION)
+
+
+#: Submissions whose extensions compile on the CPU at once, ahead of the one the GPU grades
+#: (schedule.run_eval): at most PREBUILD_AHEAD, and one per PREBUILD_CPUS_EACH cores of the host
+#: (the H200's host has 16: three builds; this 2-core machine: one). Each torch extension build
+#: runs ninja with two compilers (the binding's C++ and the .cu) for 50–60 s.
+PREBUILD_AHEAD, PREBUILD_CPUS_EACH = 3, 4

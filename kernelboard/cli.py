@@ -71,8 +71,8 @@ def _os_errors_are_one_line(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--regrade", is_flag=True,
               help="Grade everything selected even with --resume, and measure the baselines again.")
 @click.option("--prebuild/--no-prebuild", default=None,
-              help="Compile the next solution's extensions on the CPU while the GPU grades "
-                   "[default: on with --device cuda].")
+              help="Compile the next solutions' extensions on the CPU while the GPU grades, up to 3 at once "
+                   "(one per 4 cores) [default: on with --device cuda].")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900.0, show_default=True,
               help="Seconds one submission may take in all before its process group is killed.")
 @click.option("--build-timeout", "build_timeout_s", type=click.FloatRange(min=1), default=600.0, show_default=True,

@@ -50,6 +50,46 @@ def test_prebuild_compiles_the_next_solution_while_the_current_one_grades(
     assert not (logs / "a_plain.prebuild.log").exists()  # the first one has nothing to overlap with
 
 
+
+# SLOW_BUILD, stamping when its build started (seconds since the epoch) in the prebuild's log.
+STAMPED_BUILD = SLOW_BUILD.replace("    time.sleep(3)", "    print(f'BUILD STARTED {time.time()}', flush=True)\n"
+                                   "    time.sleep(3)")
+
+
+def test_builds_run_several_ahead_of_the_grading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 measured_baselines: MeasuredBaselines) -> None:
+    """With a depth of 2, the third submission's build starts while the first one grades (with one
+    ahead, the GPU waited out most of each 50–60 s build on the H200), and every worker finds its build."""
+    from kernelboard.eval import schedule
+
+    monkeypatch.setenv("KERNELBOARD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(schedule, "prebuild_depth", lambda cpus: 2)
+    subs = tmp_path / "subs"
+    sources = {"a_plain": "from reference import Model, get_inputs, get_init_inputs  # noqa: F401\n",
+               "b_build": STAMPED_BUILD, "c_build": STAMPED_BUILD.replace("fake_extension", "other_extension")}
+    for name, source in sources.items():
+        (subs / name).mkdir(parents=True)
+        (subs / name / "solution.py").write_text(source)
+        (subs / name / "run.yaml").write_text("problem: 03_paged_attention\nmodel: t\nharness: pytest\n"
+                                              "agent_outcome: completed\n")
+    out = tmp_path / "out"
+    measured_baselines.copy_into(out, ["03_paged_attention"], rep_ms=20.0)
+    rows = run_eval(EvalOptions(deck=DECK, submissions=subs, out=out, device="cpu", rep_ms=20.0, prebuild=True))
+    assert [r["status"] for r in rows] == ["pass", "pass", "pass"]
+    logs = out / "cpu" / "logs"
+    first_graded = rows[0]["graded_at"].timestamp()  # when its grading ended
+    for name in ("b_build", "c_build"):
+        started = [line for line in (logs / f"{name}.prebuild.log").read_text().splitlines()
+                   if line.startswith("BUILD STARTED")]
+        assert started and float(started[0].split()[-1]) < first_graded, name
+        assert "BUILD CACHE HIT" in (logs / f"{name}.log").read_text()
+
+
+def test_the_depth_is_one_build_per_four_cores_at_most_three() -> None:
+    from kernelboard.eval.schedule import prebuild_depth
+
+    assert [prebuild_depth(n) for n in (None, 1, 2, 4, 8, 16, 128)] == [1, 1, 1, 1, 2, 3, 3]
+
 def test_cutlass_headers_are_exported_when_the_package_is_installed(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     package = tmp_path / "site" / "cutlass_library"
