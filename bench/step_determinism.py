@@ -93,13 +93,17 @@ def _queued(problem: Problem, step: StepAdapter, ref_step: StepAdapter, sets: li
         others = [ref_step.with_runner_up(r, *clone_flat(sets[k]))[0] for r in range(routers)] if routers else []
         mine = [h for i, h in enumerate(hidden) if i % len(sets) == k]
         distinct: Counter[bytes] = Counter(h.view(torch.int16).cpu().numpy().tobytes() for h in mine)
-        print(f"set {k}: {len(mine)} queued calls, {len(distinct)} distinct hidden outputs")
+        print(f"set {k}: {len(mine)} queued calls, {len(distinct)} distinct hidden outputs; the runner-ups' "
+              f"cosines with the reference's: {', '.join(f'{cosine(ref[0], o):.4f}' for o in others)}")
         for key, n in distinct.most_common():
             h = next(h for h in mine if h.view(torch.int16).cpu().numpy().tobytes() == key)
             what = ("the reference's" if compare(ref[0], h, atol, rtol).ok else
                     next((f"router {r}'s runner-up" for r, o in enumerate(others) if compare(o, h, atol, rtol).ok),
                          "neither the reference's nor any one router's runner-up"))
-            print(f"    {n} calls: within the bound of {what}; cosine {cosine(ref[0], h):.5f} with the reference's")
+            nearest = max(range(len(others)), key=lambda r: cosine(others[r], h)) if others else None
+            print(f"    {n} calls: within the bound of {what}; cosine {cosine(ref[0], h):.5f} with the reference's"
+                  + (f", {cosine(others[nearest], h):.5f} with router {nearest}'s runner-up (the nearest)"
+                     if nearest is not None else ""))
 
 
 def main() -> int:
