@@ -65,12 +65,18 @@ EVIDENCE: dict[str, str] = {
         "published files lack, whenever the include path names python3.11 (their environment's Python); "
         "under our Python 3.12 the redirect does not apply, and the kernel builds and passes every "
         "check"),
+    "20260618_151017_gemini_gemini-3.5-flash_02_kimi_linear_decode": (
+        "on the H200 its step gave one output on each of 6 timing states of context 8192 (10 back-to-back "
+        "calls each, bench/step_determinism.py --queued), every one within the bound; on the failing "
+        "floor-batch state its probed output is neither the reference's nor one of the 2 runner-up choices "
+        "that keep the deck's cosine rule (the other 2 routers' runner-ups had cosine 0.83–0.97 with the "
+        "reference's on those 6 states): an input theirs never drew"),
 }
 
 #: Disagreements that are our grader's limit, not the kernel's fault and not a stronger check, by run_id:
 #: each shown as "our limit: …" and counted against the agreement figure until the grader is fixed. Empty
 #: today: its one entry (claude-opus-4-8's Mega kernel 075926, a timed call's router flip refused by the
-#: element-wise bound) was fixed in grader 0.5.1, and its verdict is held back until graded again.
+#: element-wise bound) was fixed in grader 0.5.1, and 0.5.2 graded it again: it passes.
 OUR_LIMITS: dict[str, str] = {}
 OUR_LIMIT = "our limit: "
 STRONGER = "stronger check: "
