@@ -8,6 +8,8 @@
 #               IDS=all grades every run of the deck not graded yet (--resume decides)
 #   DECK=mega   the Mega deck (default hard)
 #   EXCLUDE=g,h run_id globs left out (eval --exclude): a kernel that outlasts a call, say
+#   EVAL_ARGS='…' more `kernelboard eval` options (say --check-timeout 1500 --timeout 2400 for a kernel
+#               whose first call compiles for minutes)
 #   BENCH=1     bench/gpu_grading.py on GPU 0 (LOAD busy processes)
 # Results are packed into $OUT (default ./gpu-session-out) every 30 s, so a call cut short still
 # returns what finished: res.tgz is a results folder, SEED for the next call and `eval merge`'s source.
@@ -66,7 +68,7 @@ if [ -n "${IDS:-}" ]; then
   DECK=${DECK:-hard}
   echo "== grading ${IDS/#all/every ungraded run of $DECK} (${#only[@]} flags) into a folder seeded from $SEED ($(left) s left)"
   timeout -s INT "$(left)" .venv-eval/bin/kernelboard eval --deck eval/decks/$DECK --submissions data/submissions/$DECK \
-    --out $WORK/res --resume "${only[@]}" 2>&1 | grep -v "^\s*$" | tail -80
+    --out $WORK/res --resume "${only[@]}" ${EVAL_ARGS:-} 2>&1 | grep -v "^\s*$" | tail -80
   echo "== eval exited ${PIPESTATUS[0]} at $(( $(date +%s) - T0 )) s"
   grep -h "zygote" $WORK/res/h200/logs/*.log 2>/dev/null | sort | uniq -c | head -5
 fi
