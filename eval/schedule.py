@@ -27,6 +27,7 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,15 +133,18 @@ def baselines_todo(opts: EvalOptions, problem: Problem, cached: dict[int, dict[s
             for s in problem.shapes_for(opts.device)}
 
 
-def ensure_baselines(opts: EvalOptions, gpu: str, problem: Problem, env: dict[str, Any],
-                     scratch: Path) -> dict[int, dict[str, Any]]:
-    """Eager and torch.compile times for every shape, measured once per device and software."""
+def ensure_baselines(opts: EvalOptions, gpu: str, problem: Problem, env: dict[str, Any], scratch: Path,
+                     before_measuring: Callable[[], None] | None = None) -> dict[int, dict[str, Any]]:
+    """Eager and torch.compile times for every shape, measured once per device and software;
+    `before_measuring` is called first when any must be measured (the batch lets its builds finish)."""
     shapes = problem.shapes_for(opts.device)
     variants = baseline_variants(opts, problem)
     cached = {} if opts.regrade else _cached_baselines(opts.out, gpu, problem, env)
     todo = baselines_todo(opts, problem, cached)
     if not any(todo.values()):
         return cached
+    if before_measuring is not None:
+        before_measuring()
     _console.print(f"measuring baselines for {problem.name} on {env['device_name']} …")
     workdir = scratch / f"baselines-{problem.name}"
     workdir.mkdir()
@@ -416,6 +420,10 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
             progress.update(task, description=f"grading {sub.run_id}")
             prebuild_s = 0.0
             if sub.run_id in gradeable and problem is not None:
+                if problem.name not in baselines:  # timed with no build of ours loading the host
+                    baselines[problem.name] = ensure_baselines(
+                        opts, gpu, problem, env, scratch,
+                        functools.partial(_let_builds_finish, prebuilds, opts.build_timeout_s))
                 at = gradeable.index(sub.run_id)
                 for ahead in gradeable[at + 1:at + 1 + depth]:  # never one already graded: they lie behind
                     if ahead not in prebuilds:
@@ -423,8 +431,6 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
                         prebuilds[ahead] = _prebuild(opts, gpu, nproblem, nsub, env, scratch, cell)  # type: ignore[arg-type]
                 if sub.run_id in prebuilds:
                     prebuild_s = finish_prebuild(prebuilds.pop(sub.run_id), opts.build_timeout_s)
-                if problem.name not in baselines:
-                    baselines[problem.name] = ensure_baselines(opts, gpu, problem, env, scratch)
             row = grade_submission(opts, gpu, spec, problem, sub, env, baselines.get(sub.problem, {}), scratch,
                                    driver, functools.partial(_show_phase, progress, task, sub.run_id), cell, prebuild_s)
             score = f" {row['speedup_vs_compile']:.2f}× vs compile" if row["speedup_vs_compile"] else ""
@@ -436,6 +442,19 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
     if rows:
         _console.print(summary_table(rows))
     return rows
+
+
+def _let_builds_finish(prebuilds: dict[str, Prebuild], timeout_s: float) -> None:
+    """Wait (up to `timeout_s` in all) for the running builds to end, and keep them: a problem's baselines
+    are about to be timed, and its eager lines are host-bound, as sensitive as any to a loaded CPU."""
+    running = [p for p in prebuilds.values() if p.proc.poll() is None]
+    if running:
+        _console.print(f"  waiting for {len(running)} build{'s' if len(running) > 1 else ''} to finish before the "
+                       f"baselines are timed …")
+    deadline = time.monotonic() + timeout_s
+    for p in running:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def prebuild_depth(cpus: int | None) -> int:

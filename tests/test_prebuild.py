@@ -85,6 +85,56 @@ def test_builds_run_several_ahead_of_the_grading(tmp_path: Path, monkeypatch: py
         assert "BUILD CACHE HIT" in (logs / f"{name}.log").read_text()
 
 
+# A build (the prebuild: its folder is `<run_id>.prebuild`) that ends only once the file `go` appears there
+# (at most 60 s): the test decides when. The worker's import, in a folder of its own, does not wait.
+GATED_BUILD = """
+import pathlib, time
+if pathlib.Path.cwd().name.endswith(".prebuild"):
+    for _ in range(600):
+        if pathlib.Path("go").exists():
+            break
+        time.sleep(0.1)
+    print("GATE PASSED", flush=True)
+from reference import Model, get_inputs, get_init_inputs  # noqa: F401
+"""
+
+
+def test_a_problems_baselines_are_timed_after_the_running_builds_end(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, measured_baselines: MeasuredBaselines) -> None:
+    """Two 03 submissions, then a 01 one whose build (started two ahead, while the first graded) is still
+    running when 01's baselines are due: they are timed only once it has ended (eager lines are host-bound)."""
+    from kernelboard.eval import schedule
+
+    monkeypatch.setenv("KERNELBOARD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(schedule, "prebuild_depth", lambda cpus: 2)
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    plain = "from reference import Model, get_inputs, get_init_inputs  # noqa: F401\n"
+    for name, problem, source in (("a_plain", "03_paged_attention", plain), ("b_plain", "03_paged_attention", plain),
+                                  ("c_gated", "01_fp8_gemm", GATED_BUILD)):
+        (subs / name).mkdir(parents=True)
+        (subs / name / "solution.py").write_text(source)
+        (subs / name / "run.yaml").write_text(f"problem: {problem}\nmodel: t\nharness: pytest\n"
+                                              "agent_outcome: completed\n")
+    measured_baselines.copy_into(out, ["03_paged_attention"], rep_ms=20.0)
+    real, seen = schedule.ensure_baselines, {}
+
+    def ensure(opts, gpu, problem, env, scratch, before_measuring=None):  # type: ignore[no-untyped-def]
+        if problem.name != "01_fp8_gemm":
+            return real(opts, gpu, problem, env, scratch, before_measuring)
+        log = out / "cpu" / "logs" / "c_gated.prebuild.log"
+        seen["built before"] = "[prebuild] imported" in log.read_text()
+        (scratch / "c_gated.prebuild" / "go").touch()
+        before_measuring()
+        seen["built after"] = "[prebuild] imported" in log.read_text()
+        return {}  # no 01 baselines in this session: c is correct but not_graded, which is not what this is about
+
+    monkeypatch.setattr(schedule, "ensure_baselines", ensure)
+    rows = run_eval(EvalOptions(deck=DECK, submissions=subs, out=out, device="cpu", rep_ms=20.0, prebuild=True))
+    assert [r["status"] for r in rows] == ["pass", "pass", "not_graded"]
+    assert "baselines are missing" in rows[2]["message"]
+    assert seen == {"built before": False, "built after": True}
+    assert "GATE PASSED" in (out / "cpu" / "logs" / "c_gated.prebuild.log").read_text()
+
 def test_the_depth_is_one_build_per_four_cores_at_most_three() -> None:
     from kernelboard.eval.schedule import prebuild_depth
 
