@@ -100,10 +100,9 @@ def _queued(problem: Problem, step: StepAdapter, ref_step: StepAdapter, sets: li
             what = ("the reference's" if compare(ref[0], h, atol, rtol).ok else
                     next((f"router {r}'s runner-up" for r, o in enumerate(others) if compare(o, h, atol, rtol).ok),
                          "neither the reference's nor any one router's runner-up"))
-            nearest = max(range(len(others)), key=lambda r: cosine(others[r], h)) if others else None
+            near = max(((cosine(o, h), r) for r, o in enumerate(others)), default=None)
             print(f"    {n} calls: within the bound of {what}; cosine {cosine(ref[0], h):.5f} with the reference's"
-                  + (f", {cosine(others[nearest], h):.5f} with router {nearest}'s runner-up (the nearest)"
-                     if nearest is not None else ""))
+                  + (f", {near[0]:.5f} with router {near[1]}'s runner-up (the nearest)" if near else ""))
 
 
 def main() -> int:

@@ -252,8 +252,7 @@ def _plan_steps(problem: Problem, spec: Stateful, reference: types.ModuleType, r
     def draw(seed: int, fresh: bool = False) -> list[Any]:
         """A seed's flat inputs; `fresh` (timing and floor-batch sets) drawn on the device where the
         reference can (`draw_fresh`): the checked seeds' states are the same on every device."""
-        drawn = (draw_fresh if fresh else draw_inputs)(reference, seed, device, problem.draw_on_device)
-        hidden, state = drawn
+        hidden, state = (draw_fresh if fresh else draw_inputs)(reference, seed, device, problem.draw_on_device)
         if plan.layout is None:
             plan.layout = StepLayout.of(state)
         return plan.layout.flatten(hidden, state)

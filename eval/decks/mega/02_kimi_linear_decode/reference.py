@@ -472,9 +472,7 @@ def get_inputs() -> list:
     """[hidden, state] at CONTEXT_LEN, drawn on the CPU (the same values on every device) from a seed
     taken from the global CPU RNG (so the grader's torch.manual_seed(seed) before the call decides
     them, as for the Hard decks)."""
-    cfg = _config_from_globals()
-    seed = int(torch.randint(0, 2**31 - 1, (), device="cpu"))  # the CPU generator under any device context
-    return [init_token(cfg, seed), init_state(cfg, CONTEXT_LEN, seed)]
+    return _inputs_drawn_on("cpu")
 
 
 def get_fresh_inputs() -> list:
@@ -482,7 +480,11 @@ def get_fresh_inputs() -> list:
     context): for sets whose values need not be the same on every device (plan.py `draw_fresh`: the
     timing and floor-batch states). A router-clear set may take eight draws, and the CPU's generator
     spends about 0.1 s on each 25 MB state at context 16384."""
+    return _inputs_drawn_on(torch.get_default_device())
+
+
+def _inputs_drawn_on(where: torch.device | str) -> list:
+    """[hidden, state] drawn by a generator on `where` and left there, from a seed of the global CPU RNG."""
     cfg = _config_from_globals()
-    seed = int(torch.randint(0, 2**31 - 1, (), device="cpu"))
-    where = torch.get_default_device()
+    seed = int(torch.randint(0, 2**31 - 1, (), device="cpu"))  # the CPU generator under any device context
     return [init_token(cfg, seed, where, where), init_state(cfg, CONTEXT_LEN, seed, where, where)]
