@@ -11,9 +11,11 @@ source board, the two verdicts are compared as pass / not pass (`eval.schema.STA
   source published no verdict);
 - **differ**, with a cause class read from our status and message by the explicit rules of `classify`.
   A class that starts "stronger check:" names a check kernelboard runs and the original grader does not
-  (a stress case, structural case or seed of ours only, the run-time audits, the integrity checks); those
-  rows are counted and listed apart — a numeric stress case included when theirs graded the kernel
-  before it ran any (`THEIRS_NUMERIC_STRESS_SINCE`). A `wrong` on a check both graders run, where theirs graded the
+  (a stress case, structural case or seed of ours only, the run-time audits, the integrity checks; for a
+  stateful step, a state tensor theirs never compares (`THEIRS_COMPARED_OUTPUTS`), or our element-wise bound
+  on one it does, where the error ‖d‖/‖ref‖ = r our message gives bounds the cosine (≥ √(1 − r²)) above the
+  deck's `cos_sim`, so their rule passed it); those rows are counted and listed apart — a numeric stress
+  case included when theirs graded the kernel before it ran any (`THEIRS_NUMERIC_STRESS_SINCE`). A `wrong` on a check both graders run, where theirs graded the
   kernel on another GPU, is the class "other GPU" and counts against the figure (the kernel behaves
   differently there; why is for its run page's log). A difference no rule explains gets an honest "(to explain)" class
   and `explained=False`, which the methodology page flags: it is never hidden in a catch-all. A
@@ -28,6 +30,7 @@ not excluded. Everything is computed from `SiteData` at build time, so the table
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -48,6 +51,17 @@ EXCLUDED_THEIRS = ("not_graded", "dnf")
 #: need no entry: the original grader has none (eval/format_kbh.py refuses `structural_stress`).
 OURS_ONLY_CASES: dict[tuple[str, str], frozenset[str]] = {
     ("hard", "07_w4a16_gemm"): frozenset({"small_scales"}),
+}
+
+#: The outputs of a stateful step that the original grader's check.py compares, by (bench, problem), as our
+#: messages name them (`StepLayout.names`). KernelBench-Mega's 02 check.py (kernelbench.com c7d9221) takes the
+#: cosine of the hidden output, of `st[kda_layer]["S"]` and of `st[mla_layer]["c_kv"]`, where kda_layer and
+#: mla_layer are the first "K" and the first "M" of the pattern [K, K, K, M]: layers 0 and 3. Its PROMPT.txt
+#: promises "the next-token hidden vector and the updated decode state" are checked; the other layers' S, the
+#: conv windows cq/ck/cv and the MLA k_rope are never compared, so a `wrong` on one of them is a check of
+#: ours only. tests/test_site_agreement.py checks every name against the deck's state layout.
+THEIRS_COMPARED_OUTPUTS: dict[tuple[str, str], frozenset[str]] = {
+    ("mega", "02_kimi_linear_decode"): frozenset({"hidden", "state[0].S", "state[3].c_kv"}),
 }
 
 #: When the original grader first ran numeric stress cases: KernelBench-Hard's `src/eval/numeric_stress.py`
@@ -71,6 +85,24 @@ EVIDENCE: dict[str, str] = {
         "floor-batch state its probed output is neither the reference's nor one of the 2 runner-up choices "
         "that keep the deck's cosine rule (the other 2 routers' runner-ups had cosine 0.83–0.97 with the "
         "reference's on those 6 states): an input theirs never drew"),
+    "20260721_125907_zai-claude_glm-5.2_02_kimi_linear_decode": (
+        "a race, read from its code: every block of its grid (one per SM slot, about 528 on an H200) applies "
+        "RoPE in place to the one global copy of the new token's rope key (solution.py:327–331) and writes "
+        "it to the cache (:342), so the stored row is rotated as many times as blocks got there first; old "
+        "rows are copied exactly. A CPU emulation of 2–500 rotations gives 52–60 of its 64 elements out "
+        "and ‖d‖/‖ref‖ 0.24–0.31 (ours measured 56 and 0.311). The next step attends to that key"),
+    "20260721_103731_or-fable_anthropic_claude-fable-5_02_kimi_linear_decode": (
+        "a race, read from its code: two blocks (dvh 0 and 1) step each KDA head's conv windows, and both "
+        "read the window and write it shifted with no order between them (solution.py:636–652, tasks "
+        "257–320 at :1127–1131), so a late reader shifts twice and leaves [p2, new, new]: the got value "
+        "2.4375 is a raw q projection in the row where the previous input (expected −0.0108) belongs. A CPU "
+        "emulation of 5–6 raced warps gives about 238 elements out and ‖d‖/‖ref‖ about 0.20 (ours measured "
+        "238 and 0.232); the next step's conv reads that window"),
+    "20260725_084342_or-opus_anthropic_claude-opus-5_02_kimi_linear_decode": (
+        "its kernels are W4A8 (docstring: \"W4A8 with dp4a\"): every GEMV's input is rounded to int8 in "
+        "groups of 128 (solution.py:316–352), where the problem says the activations are bf16; a CPU "
+        "emulation of that rounding gives ‖d‖/‖ref‖ 0.034 and 2–3 elements out at seeds 0 and 2, and "
+        "0.010–0.012 with none out when the activations are kept (ours measured 0.0323, 1 element out)"),
 }
 
 #: Disagreements that are our grader's limit, not the kernel's fault and not a stronger check, by run_id:
@@ -83,6 +115,9 @@ STRONGER = "stronger check: "
 TO_EXPLAIN = "(to explain)"
 
 _CASE = re.compile(r"\bcase ([A-Za-z_][A-Za-z0-9_]*)")
+#: "… step 0: output 14 (state[3].k_rope): 56 of …" -> "state[3].k_rope" (eval/link.py `part_label`).
+_STEP_OUTPUT = re.compile(r": output \d+ \(([^)]+)\):")
+_REL_ERR = re.compile(r"‖d‖/‖ref‖=([0-9.eE+-]+)")
 _SEED = re.compile(r"\bseed (\d+)\b")
 #: "KernelBench-Hard (run detail): check.py: the output is incorrect" -> the part after the source name.
 _SOURCE_PREFIX = re.compile(r"^[^:]*\((?:run detail|imported)\):\s*")
@@ -123,6 +158,19 @@ def _wrong_cause(message: str, problem: Problem | None, their_graded: datetime |
         ss = problem.structural_stress
         if ss is not None and f"case {ss.function}(" in message:
             return f"{STRONGER}structural case {ss.function} (not run by theirs)"
+        compared = THEIRS_COMPARED_OUTPUTS.get((problem.bench, problem.name))
+        output = _STEP_OUTPUT.search(message)
+        if compared is not None and output is not None and output.group(1) not in compared:
+            return (f"{STRONGER}{output.group(1)} checked (theirs compares only "
+                    f"{', '.join(sorted(compared))})")
+        cos_sim = problem.stateful.cos_sim if problem.stateful is not None else None
+        rel = _REL_ERR.search(message)
+        if cos_sim is not None and rel is not None and "out of tolerance" in message:
+            # ‖d‖ ≤ r‖ref‖ bounds the angle: cosine ≥ √(1 − r²), so the deck's (their) cosine rule passed.
+            r = float(rel.group(1))
+            if r < 1 and math.sqrt(1 - r * r) >= cos_sim:
+                return (f"{STRONGER}element-wise bound (‖d‖/‖ref‖ {r:g} keeps the cosine ≥ "
+                        f"{math.sqrt(1 - r * r):.4f}, over their {cos_sim:g})")
     if "output dtype" in message:
         return f"{STRONGER}output dtype"
     if "names the same index twice" in message:

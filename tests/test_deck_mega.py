@@ -413,3 +413,15 @@ def test_with_no_clear_draw_the_widest_margin_is_timed(problem: Problem, monkeyp
         widest, hidden = max(candidates, key=lambda c: c[0])
         assert len({m for m, _ in candidates}) > 1  # the draws differ, so the choice means something
         assert margin == widest and torch.equal(flat[0], hidden)
+
+
+def test_the_outputs_theirs_compares_are_parts_of_the_step(ref: types.ModuleType, problem: Problem) -> None:
+    """sitegen/agreement.py's THEIRS_COMPARED_OUTPUTS names parts of this deck's flat step, as messages do."""
+    from kernelboard.eval.stateful import StepLayout
+    from kernelboard.sitegen.agreement import THEIRS_COMPARED_OUTPUTS
+
+    apply_shape(ref, problem, problem.cpu_shapes[0])
+    _, state = draw_inputs(ref, 0, "cpu")
+    names = StepLayout.of(state).names
+    compared = THEIRS_COMPARED_OUTPUTS[(problem.bench, problem.name)]
+    assert compared <= set(names) and len(compared) < len(names)

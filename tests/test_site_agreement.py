@@ -19,6 +19,7 @@ from kernelboard.sitegen.agreement import (
     OUR_LIMIT,
     OUR_LIMITS,
     OURS_ONLY_CASES,
+    THEIRS_COMPARED_OUTPUTS,
     THEIRS_NUMERIC_STRESS_SINCE,
     TO_EXPLAIN,
     Agreement,
@@ -42,6 +43,11 @@ THEIRS_WRONG = "KernelBench-Hard (run detail): check.py: the output is incorrect
 @pytest.fixture(scope="module")
 def deck07():
     return load_problem(DECKS / "hard" / "07_w4a16_gemm")
+
+
+@pytest.fixture(scope="module")
+def mega02():
+    return load_problem(DECKS / "mega" / "02_kimi_linear_decode")
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +107,41 @@ def test_a_structural_case_is_a_stronger_check(deck02) -> None:
     message = f"shape 1 (long) seed 42 case {fn}(split=3, beta_percent=80): 9 of 4096 elements out of tolerance"
     verdict = classify("wrong", message, "pass", "", deck02)
     assert verdict.stronger and verdict.cause == f"stronger check: structural case {fn} (not run by theirs)"
+
+
+def test_a_step_output_theirs_never_compares_is_a_stronger_check(mega02) -> None:
+    """KernelBench-Mega's check.py compares the hidden output, layer 0's S and the MLA c_kv: a `wrong` on
+    another state tensor is ours only; one on a tensor both compare is not explained by this rule."""
+    def message(part: int, name: str) -> str:
+        return (f"shape 0 (context 2048) seed 0 step 0: output {part} ({name}): 56 of 131136 elements out of "
+                f"tolerance (atol=0.1, rtol=0.03); max abs diff 3.828")
+
+    k_rope = classify("wrong", message(14, "state[3].k_rope"), "pass", "", mega02, ("h200", "h100-pcie"))
+    assert k_rope.stronger and k_rope.explained
+    assert k_rope.cause == ("stronger check: state[3].k_rope checked (theirs compares only hidden, state[0].S, "
+                            "state[3].c_kv)")
+    for part, name in ((0, "hidden"), (1, "state[0].S"), (13, "state[3].c_kv")):
+        both = classify("wrong", message(part, name), "pass", "", mega02, ("h200", "h200"))
+        assert not both.stronger and not both.explained, name
+    assert ("mega", "02_kimi_linear_decode") in THEIRS_COMPARED_OUTPUTS
+
+
+@pytest.mark.parametrize(("rel", "stronger"), [(0.0323, True), (0.181, True), (0.2, False), (0.311, False)])
+def test_an_element_wise_failure_the_cosine_rule_passes_is_a_stronger_check(mega02, rel: float,
+                                                                            stronger: bool) -> None:
+    """On a tensor both compare, ‖d‖/‖ref‖ = r bounds the cosine below by √(1 − r²): at most about 0.199
+    keeps their 0.98, so only our element-wise bound can have failed it; past that, theirs may fail too."""
+    message = (f"shape 0 (context 2048) seed 0 step 0: output 0 (hidden): 1 of 2304 elements out of tolerance "
+               f"(atol=0.1, rtol=0.03); max abs diff 0.1143, max rel diff 117, worst at (416,): got -0.115234, "
+               f"expected -0.000976562; ‖d‖/‖ref‖={rel:.3g}")
+    verdict = classify("wrong", message, "pass", "", mega02, ("h200", "h100-pcie"))
+    assert verdict.stronger is stronger
+    if stronger:
+        assert verdict.cause.startswith(f"stronger check: element-wise bound (‖d‖/‖ref‖ {rel:g} keeps the cosine ≥ ")
+    cosine_failed = message.replace("1 of 2304 elements out of tolerance (atol=0.1, rtol=0.03); max abs diff "
+                                    "0.1143, max rel diff 117, worst at (416,): got -0.115234, expected "
+                                    "-0.000976562; ", "cosine 0.85 < 0.98; ")
+    assert not classify("wrong", cosine_failed, "pass", "", mega02, ("h200", "h200")).stronger
 
 
 def test_a_check_both_run_failing_on_another_gpu_is_explained_but_counts(deck07) -> None:
