@@ -12,15 +12,16 @@ source board, the two verdicts are compared as pass / not pass (`eval.schema.STA
 - **differ**, with a cause class read from our status and message by the explicit rules of `classify`.
   A class that starts "stronger check:" names a check kernelboard runs and the original grader does not
   (a stress case, structural case or seed of ours only, the run-time audits, the integrity checks; for a
-  stateful step, a state tensor theirs never compares (`THEIRS_COMPARED_OUTPUTS`), or our element-wise bound
-  on one it does, where the error ‖d‖/‖ref‖ = r our message gives bounds the cosine (≥ √(1 − r²)) above the
-  deck's `cos_sim`, so their rule passed it); those rows are counted and listed apart — a numeric stress
-  case included when theirs graded the kernel before it ran any (`THEIRS_NUMERIC_STRESS_SINCE`). A `wrong` on a check both graders run, where theirs graded the
-  kernel on another GPU, is the class "other GPU" and counts against the figure (the kernel behaves
-  differently there; why is for its run page's log). A difference no rule explains gets an honest "(to explain)" class
-  and `explained=False`, which the methodology page flags: it is never hidden in a catch-all. A
-  difference that the two verdicts cannot explain but the published files do carries that evidence
-  (`EVIDENCE`, by run) beside its class, and still counts against the figure. A difference that is our
+  stateful step, a state tensor theirs never compares (`THEIRS_COMPARED_OUTPUTS`), or our element-wise
+  bound on one it does, where the error ‖d‖/‖ref‖ = r our message gives bounds the cosine (≥ √(1 − r²))
+  above the deck's `cos_sim`, so their rule passed it); those rows are counted and listed apart — a
+  numeric stress case included when theirs graded the kernel before it ran any
+  (`THEIRS_NUMERIC_STRESS_SINCE`). A `wrong` on a check both graders run, where theirs graded the kernel
+  on another GPU, is the class "other GPU" and counts against the figure (the kernel behaves differently
+  there; why is for its run page's log). A difference no rule explains gets an honest "(to explain)"
+  class and `explained=False`, which the methodology page flags: it is never hidden in a catch-all. A
+  difference whose cause the two verdicts cannot show but the published files do carries that evidence
+  (`EVIDENCE`, by run) beside its class, and counts where its class does. A difference that is our
   grader's limit (`OUR_LIMITS`, by run: a check of ours that refuses what it should not) is classed
   "our limit: …" whatever check fired, and counts against the figure.
 

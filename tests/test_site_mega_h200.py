@@ -50,9 +50,9 @@ def test_each_graded_mega_pass_shows_its_launches_per_step(committed_site: Path,
     assert len(passes) >= 3  # gpt-5.5 twice and the house kernel, graded on the H200 on 2026-12-02
     for run_id, launches in passes.items():
         page = text(parse(committed_site / "runs" / "h200" / run_id / "index.html").find(".//main"))
-        shown = [int(n) for n in re.findall(r"shape \d+ \((\d+) launches per call", page)]
+        shown = [int(n) for n in re.findall(r"shape \d+ \((\d+) launch(?:es)? per call", page)]
         assert shown == launches, run_id
-    on_board = {int(n) for n in re.findall(r"(\d+) launches/step", text(board))}
+    on_board = {int(n) for n in re.findall(r"(\d+) launch(?:es)?/step", text(board))}
     assert on_board and on_board <= {n for launches in passes.values() for n in launches}
 
 
