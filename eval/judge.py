@@ -211,6 +211,7 @@ def _check_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sh
     worst = 0.0
     names = plan.layout.names if plan.layout is not None else None
     spent = dict.fromkeys(("calls", "outputs", "inputs", "judging"), 0.0)  # seconds, for the log's split
+    audit_s = 0.0
     for j, check in enumerate(plan.checks):
         where = f"shape {plan.shape.idx} ({plan.shape.label}) {check.label}"
         if check.stress is ROUTER_NEAR_TIE:
@@ -221,6 +222,9 @@ def _check_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sh
         reply = link.ask("call", where, shape=k, check=j, state_scale=check.stress.state_scale if check.stress else {},
                          scale={str(p): f for p, f in check.stress.scale.items()} if check.stress else {})
         t1 = time.monotonic()
+        if j == 0:  # said at once: a first call that compiles for minutes fails or passes long after
+            log("worker", f"shape {plan.shape.idx}: its first call returned in {t1 - t0:.1f} s (the solution's own "
+                          f"compiles and autotuning run there, untimed)")
         _check_state(state, reply, f"during {where}")
         _check_inputs(shared[j], check.pristine, where, problem)
         t2 = time.monotonic()
@@ -233,10 +237,13 @@ def _check_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sh
         for key, seconds in zip(spent, (t1 - t0, t3 - t2, t2 - t1, time.monotonic() - t3), strict=True):
             spent[key] += seconds
         if j == 0 and problem.forbidden_ops:
+            t4 = time.monotonic()
             _audited_call(link, problem, check, shared[0], f"{where} (op audit)", k, called_with, names)
+            audit_s = time.monotonic() - t4
+    audit = f"; the op audit's call (check 0 again) {audit_s:.1f} s beside them" if problem.forbidden_ops else ""
     log("worker", f"shape {plan.shape.idx}: {len(plan.checks)} checks: the runner's calls {spent['calls']:.1f} s, "
                   f"their outputs read {spent['outputs']:.1f} s, inputs checked {spent['inputs']:.1f} s, "
-                  f"outputs judged {spent['judging']:.1f} s")
+                  f"outputs judged {spent['judging']:.1f} s{audit}")
     return worst
 
 

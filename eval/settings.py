@@ -205,6 +205,11 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: 0.5.1 takes a router problem's timed call that returns another expert choice's output as that choice.
 #: 0.5.2 runs the op audit on a shape's second call (warm), not its first, and draws a stateful deck's
 #: timing and floor-batch states on the device: no verdict changes (a first-call-only op buys no time).
+#: 0.5.3 logs each shape's first call and op-audit call apart (a kernel's own compile runs there), and gives
+#: every call of a stateful step one recycled state list and dicts (eval/stateful.py): a step keyed on its
+#: containers' identity now fails at its second check, where 0.5.2 failed it only when CPython reused an id.
+#: No earlier pass is touched: none of the 24 published Mega passes keys on them (read in their code; one
+#: compares the state with the list it last returned itself, which the grader never passes back).
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 

@@ -18,6 +18,13 @@ threads the state through, so the step's contract is the problem's keys. The ext
 compared and never fed back — every checked step starts from the reference's state and every timed
 call from a drawn one — so they cannot carry anything from one graded call to the next, and a step
 that needs them rebuilds them inside the call it is timed on. `StepAdapter.extra_keys` names them.
+
+Every call of one adapter gets the same list and the same per-layer dicts, refilled with that call's
+tensors, as a serving engine recycles a sequence's state slot: a step must be a function of the state's
+contents. One keyed on the identity of its containers (`id(state)`, a dict it kept) and stepping on from
+a private copy fails on the next call, every time; before grader 0.5.3 it failed only where CPython
+happened to give a new list a freed one's id (a published kernel, `key = id(state)`, did so at its 8th
+check). Tensors are never recycled this way: each call's are the grader's.
 """
 
 from __future__ import annotations
@@ -99,6 +106,7 @@ class StepAdapter(nn.Module):
         self.margins = margins
         self.last_margins: list[float] = []
         self.extra_keys: list[str] = []  # the last call's state keys of the solution's own (module docstring)
+        self._slot: tuple[list[dict[str, Any]], tuple[dict[str, Any], ...]] | None = None  # (the list, its dicts)
 
     def forward(self, *flat: Any) -> tuple[Any, ...]:
         return self._call(flat, None)
@@ -111,8 +119,22 @@ class StepAdapter(nn.Module):
             raise ValueError("only the reference's step (margins=True) takes a router's runner-up")
         return self._call(flat, router)
 
+    def _recycled(self, fresh: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The adapter's one state list, its own dicts put back (a step may have replaced or added entries)
+        and refilled with `fresh`'s tensors (module docstring)."""
+        if self._slot is None:
+            self._slot = (fresh, tuple(fresh))
+            return fresh
+        state, dicts = self._slot
+        state[:] = dicts
+        for mine, new in zip(dicts, fresh, strict=True):
+            mine.clear()
+            mine.update(new)
+        return state
+
     def _call(self, flat: tuple[Any, ...], flip: int | None) -> tuple[Any, ...]:
-        hidden, state = self.layout.unflatten(flat)
+        hidden, fresh = self.layout.unflatten(flat)
+        state = self._recycled(fresh)
         step = getattr(self.model, self.entry)
         if self.margins:
             self.last_margins = []

@@ -292,6 +292,15 @@ def test_a_passing_log_splits_each_shapes_correctness_time(graded) -> None:
     assert len(split) == row["n_shapes"] >= 1
     assert all(int(n) >= 4 for n, *_ in split)
     assert sum(float(x) for line in split for x in line[1:]) <= row["grade_seconds"]
+    # Each shape's first call is timed apart (a kernel's own compile runs there) and is part of the calls.
+    first = [float(s) for s in re.findall(r"^\[worker\] shape \d+: its first call returned in ([0-9.]+) s \(the "
+                                          r"solution's own compiles and autotuning run there, untimed\)", text,
+                                          re.MULTILINE)]
+    assert len(first) == len(split)
+    assert all(f <= float(line[1]) + 0.1 for f, line in zip(first, split, strict=True))  # each rounded to 0.1 s
+    # This deck forbids ops, so each shape's op-audit call (check 0 again) is said beside the checks' split.
+    audits = re.findall(r"; the op audit's call \(check 0 again\) [0-9.]+ s beside them \(\+", text)
+    assert len(audits) == len(split)
 
 
 def test_tables_keep_the_contract(graded) -> None:

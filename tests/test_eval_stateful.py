@@ -3,8 +3,9 @@
 One batch grades a faithful step (the reference's code copied, since `from reference` is forbidden in
 Mega solutions) and bad steps: a cache that did not grow, a state returned unadvanced, NaN written into
 the state, a layer's key dropped (while keys of the solution's own beside the problem's are accepted
-and never fed back), a step that diverges only on a later step, and one that writes its
-hidden input. Then the pieces alone: the flat layout, the cosine rule, the deck keys.
+and never fed back), a step that diverges only on a later step, one that writes its hidden input,
+and one keyed on its state list's identity. Then the pieces alone: the flat layout, the recycled state
+list, the cosine rule, the deck keys.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ BAD = {
     # right on the first call of each check, then the S state drifts: caught at a later step's check
     "drift": "h, [{k: (v * 1.5 if k == 'S' and Model.calls % 4 == 0 else v) for k, v in d.items()} for d in st]",
     "hidden_write": "(hidden.zero_(), h)[1], st",  # a right answer, its hidden input overwritten
+    # keyed on its state list's identity (as a published kernel keyed its private caches on `id(state)`):
+    # the first output it gave for a list, whatever that list holds when it comes back
+    "identity": "globals().setdefault('_seen', {}).setdefault(id(state), (h.clone(), "
+                "[{k: v.clone() for k, v in d.items()} for d in st]))",
 }
 
 #: Keys of the solution's own in the returned state, as KernelBench-Mega's published kernels keep them
@@ -111,6 +116,7 @@ def test_a_faithful_step_passes_every_state_tensor_over_consecutive_steps(graded
     ("keys", "wrong", "state[3] returned has keys ['c_kv'], expected ['c_kv', 'k_rope']"),
     ("drift", "wrong", "(state[0].S)"),
     ("hidden_write", "integrity_violation", "wrote into input 0"),
+    ("identity", "wrong", "seed 0 step 1:"),  # the adapter's one recycled list: the first new contents
 ])
 def test_a_bad_step_is_refused_naming_the_tensor(graded: dict, name: str, status: str, words: str) -> None:
     row = graded[name]
@@ -228,6 +234,34 @@ def test_the_adapter_calls_the_entry_and_flattens_what_it_returns() -> None:
 
     with pytest.raises(StepOutputError, match="expected \\(hidden, state\\)"):
         StepAdapter(Wrong(), StepLayout((("n",),)))(torch.tensor(1.0), torch.tensor(10.0))
+
+
+def test_the_adapter_recycles_one_state_list_and_its_dicts() -> None:
+    """Every call gets the same list and dicts, refilled with the call's tensors (stateful.py docstring),
+    even after a step put its own dict in the list, grew the list or added keys of its own; the dicts it
+    returned are its own and are never cleared."""
+    seen: list[tuple[int, tuple[int, ...], list[float], list[str]]] = []
+    returned: list[dict] = []
+
+    class Meddler(torch.nn.Module):
+        def step(self, hidden, state):
+            seen.append((id(state), tuple(id(d) for d in state), [float(d["n"]) for d in state],
+                         sorted(k for d in state for k in d)))
+            out = [{"n": d["n"] + 1} for d in state]
+            returned.extend(out)
+            state[0] = out[0]
+            state[1]["_mine"] = torch.zeros(1)
+            state.append({"extra": 1})
+            return hidden, out
+
+    adapter = StepAdapter(Meddler(), StepLayout((("n",), ("n",))))
+    for n in (10.0, 20.0, 30.0):
+        flat = adapter(torch.tensor(1.0), torch.tensor(n), torch.tensor(n + 1))
+        assert [float(t) for t in flat] == [1.0, n + 1, n + 2]
+    assert len({s[0] for s in seen}) == 1 and len({s[1] for s in seen}) == 1 and len(seen[0][1]) == 2
+    assert [s[2] for s in seen] == [[10.0, 11.0], [20.0, 21.0], [30.0, 31.0]]
+    assert all(s[3] == ["n", "n"] for s in seen)  # its own key never fed back
+    assert [float(d["n"]) for d in returned] == [11.0, 12.0, 21.0, 22.0, 31.0, 32.0]
 
 
 def test_cosine() -> None:
