@@ -60,7 +60,7 @@ OURS_ONLY_CASES: dict[tuple[str, str], frozenset[str]] = {
 #: mla_layer are the first "K" and the first "M" of the pattern [K, K, K, M]: layers 0 and 3. Its PROMPT.txt
 #: promises "the next-token hidden vector and the updated decode state" are checked; the other layers' S, the
 #: conv windows cq/ck/cv and the MLA k_rope are never compared, so a `wrong` on one of them is a check of
-#: ours only. tests/test_site_agreement.py checks every name against the deck's state layout.
+#: ours only. tests/test_deck_mega.py checks every name against the deck's state layout.
 THEIRS_COMPARED_OUTPUTS: dict[tuple[str, str], frozenset[str]] = {
     ("mega", "02_kimi_linear_decode"): frozenset({"hidden", "state[0].S", "state[3].c_kv"}),
 }
@@ -169,9 +169,10 @@ def _wrong_cause(message: str, problem: Problem | None, their_graded: datetime |
         if cos_sim is not None and rel is not None and "out of tolerance" in message:
             # ‖d‖ ≤ r‖ref‖ bounds the angle: cosine ≥ √(1 − r²), so the deck's (their) cosine rule passed.
             r = float(rel.group(1))
-            if r < 1 and math.sqrt(1 - r * r) >= cos_sim:
+            least_cosine = math.sqrt(1 - r * r) if r < 1 else 0.0
+            if least_cosine >= cos_sim:
                 return (f"{STRONGER}element-wise bound (‖d‖/‖ref‖ {r:g} keeps the cosine ≥ "
-                        f"{math.sqrt(1 - r * r):.4f}, over their {cos_sim:g})")
+                        f"{least_cosine:.4f}, over their {cos_sim:g})")
     if "output dtype" in message:
         return f"{STRONGER}output dtype"
     if "names the same index twice" in message:
