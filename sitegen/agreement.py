@@ -80,6 +80,12 @@ EVIDENCE: dict[str, str] = {
         "published files lack, whenever the include path names python3.11 (their environment's Python); "
         "under our Python 3.12 the redirect does not apply, and the kernel builds and passes every "
         "check"),
+    "20260702_142614_claude_claude-fable-5_05_topk_bitonic": (
+        "their check failed after 3 s on a B200, which runs the kernel's sm_100 code (solution.py:827; an "
+        "H200 JIT-compiles its compute_90 PTX, :828); their check log is not published, and their label "
+        "\"build\" is scripts/build_catalog.py's COMPILE_RE, which matches any line with \"error:\" (a "
+        "RuntimeError's or a CUDA error's too), so it need not be a build failure. On the H200 it is exact "
+        "on all 80 checks, the structural tie and spike cases included, and on every timed call"),
     "20260618_151017_gemini_gemini-3.5-flash_02_kimi_linear_decode": (
         "on the H200 its step gave one output on each of 6 timing states of context 8192 (10 back-to-back "
         "calls each, bench/step_determinism.py --queued), every one within the bound; on the failing "
