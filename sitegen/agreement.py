@@ -91,9 +91,9 @@ EVIDENCE: dict[str, str] = {
         "(solution.py:541–551, into the default torch_extensions folder under the name topk_h100_final4); "
         "their check log is not published, and their label \"build\" is scripts/build_catalog.py's "
         "COMPILE_RE, tried before any value rule: their logs held \"error:\", \"load_inline\" or \"nvcc\" "
-        "somewhere, which an exception or a failed build prints and a value mismatch does not. On the H200 it builds from the published file and is "
-        "exact "
-        "on all 80 checks, the structural tie and spike cases included, and on every timed call"),
+        "somewhere, which an exception or a failed build prints and a value mismatch does not. On the "
+        "H200 it builds from the published file and is exact on all 80 checks, the structural tie and "
+        "spike cases included, and on every timed call"),
     "20260618_151017_gemini_gemini-3.5-flash_02_kimi_linear_decode": (
         "on the H200 its step gave one output on each of 6 timing states of context 8192 (10 back-to-back "
         "calls each, bench/step_determinism.py --queued), every one within the bound; on the failing "
