@@ -335,10 +335,15 @@ def test_evidence_explains_a_difference_and_still_counts() -> None:
 
 
 def test_every_evidence_entry_is_a_disagreement_in_the_data() -> None:
-    """An entry whose kernel now agrees (or was never graded) is stale: the table would not show it."""
-    pairs = {p.run.run_id: p for p in agreement(load_site(DATA, DECKS)).pairs}
+    """An entry whose kernel now agrees (or was never graded) is stale: the table would not show it. A kernel
+    whose pass is held back until its regrade (its problem's baselines measured by a newer method) is not
+    in the table meanwhile, and keeps its entry."""
+    data = load_site(DATA, DECKS)
+    pairs = {p.run.run_id: p for p in agreement(data).pairs}
+    held = {r.run_id for r in data.superseded}
     for run_id in EVIDENCE:
-        assert run_id in pairs and pairs[run_id].verdict.kind == "differ", run_id
+        assert (run_id in pairs and pairs[run_id].verdict.kind == "differ") or (
+            run_id not in pairs and run_id in held), run_id
 
 
 def test_our_limit_replaces_a_stronger_class_and_counts_against_the_figure() -> None:
