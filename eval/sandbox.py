@@ -245,9 +245,10 @@ class Prebuild:
 
 
 def start_prebuild(problem_path: Path, solution_dir: Path, log_path: Path, cache_key: str,
-                   arch: str | None, cell: Jail) -> Prebuild:
+                   arch: str | None, cell: Jail, warm_call_s: float = 0.0) -> Prebuild:
     """Start compiling a solution's extensions on the CPU (see prebuild.py), in the batch's sandbox
-    with a private copy of the problem; returns the running prebuild."""
+    with a private copy of the problem, with a warm call of up to `warm_call_s` (0: none); returns the
+    running prebuild."""
     env = {**worker_env(cache_key, arch), "CUDA_VISIBLE_DEVICES": ""}
     problem = jail.problem_copy(problem_path, solution_dir)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -258,7 +259,7 @@ def start_prebuild(problem_path: Path, solution_dir: Path, log_path: Path, cache
         started = time.monotonic()
         try:
             proc = jail.start(cell, [sys.executable, "-m", "kernelboard.eval.prebuild", str(problem),
-                                     str(solution_dir)],
+                                     str(solution_dir), f"{warm_call_s:g}"],
                               writable=[solution_dir, cache_dir(cache_key)], readable=[jail.problem_root(solution_dir)],
                               cwd=solution_dir, env=env, device="cpu",
                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).proc

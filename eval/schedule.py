@@ -53,6 +53,7 @@ from .settings import (
     GRADER_VERSION,
     PREBUILD_AHEAD,
     PREBUILD_CPUS_EACH,
+    PREBUILD_WARM_CALL_S,
     baseline_reusable,
     result_current,
 )
@@ -309,7 +310,7 @@ def _prebuild(opts: EvalOptions, gpu: str, problem: Problem, sub: Submission, en
     shutil.copytree(sub.folder, folder, ignore=shutil.ignore_patterns("run.yaml", "__pycache__"))
     log = opts.out / gpu / "logs" / f"{sub.run_id}.prebuild.log"
     return start_prebuild(problem.folder.resolve(), folder, log, sub.solution_sha256() or sub.run_id,
-                          env.get("capability"), cell)
+                          env.get("capability"), cell, PREBUILD_WARM_CALL_S)
 
 
 def jail_for(opts: EvalOptions) -> Jail:

@@ -209,3 +209,105 @@ def test_a_baton_left_by_a_killed_build_is_removed_before_the_next_build(
     assert "baton_extension/lock: torch's build lock, left by a build that was killed" in prebuild
     assert "BUILT UNDER THE BATON" in prebuild and "[prebuild] imported" in prebuild
     assert "removed" not in (logs / "b_prebuild_builds.log").read_text()  # the prebuild's baton was its own
+
+
+# A kernel that builds its extension on its first call (10 of 28 published 05 kernels on the H200, each
+# build about 50 s of the GPU's time): a `_get_mod()` in `forward`, before any read of the data.
+LAZY_BUILD = """
+import os, pathlib, time
+from reference import Model as _Reference, get_inputs, get_init_inputs  # noqa: F401
+_mod = None
+def _get_mod():
+    global _mod
+    if _mod is None:
+        build = pathlib.Path(os.environ["TORCH_EXTENSIONS_DIR"]) / "lazy_extension"
+        if build.exists():
+            print("BUILD CACHE HIT", flush=True)
+        else:
+            time.sleep(1)
+            build.mkdir(parents=True)
+            print("BUILT", flush=True)
+        _mod = build
+    return _mod
+class Model(_Reference):
+    def forward(self, *args):
+        _get_mod()
+        return super().forward(*args)
+"""
+
+# A first call that never returns on meta tensors (the prebuild's warm call), and swallows every exception.
+STUCK_ON_META = """
+import time
+from reference import Model as _Reference, get_inputs, get_init_inputs  # noqa: F401
+class Model(_Reference):
+    def forward(self, *args):
+        while any(getattr(a, "is_meta", False) for a in args):
+            try:
+                time.sleep(0.05)
+            except BaseException:
+                pass
+        return super().forward(*args)
+"""
+
+
+def test_the_warm_call_builds_what_a_kernel_builds_on_its_first_call_and_is_bounded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, measured_baselines: MeasuredBaselines) -> None:
+    """The prebuild calls the Model once on meta tensors: b's lazy build happens there and its worker finds
+    it cached; c's call never ends, and its prebuild leaves at the warm call's limit, not the build timeout."""
+    from kernelboard.eval import schedule
+
+    monkeypatch.setenv("KERNELBOARD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(schedule, "prebuild_depth", lambda cpus: 2)
+    monkeypatch.setattr(schedule, "PREBUILD_WARM_CALL_S", 3)
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    sources = {"a_plain": "from reference import Model, get_inputs, get_init_inputs  # noqa: F401\n",
+               "b_lazy": LAZY_BUILD, "c_stuck": STUCK_ON_META}
+    for name, source in sources.items():
+        (subs / name).mkdir(parents=True)
+        (subs / name / "solution.py").write_text(source)
+        (subs / name / "run.yaml").write_text("problem: 03_paged_attention\nmodel: t\nharness: pytest\n"
+                                              "agent_outcome: completed\n")
+    measured_baselines.copy_into(out, ["03_paged_attention"], rep_ms=20.0)
+    rows = run_eval(EvalOptions(deck=DECK, submissions=subs, out=out, device="cpu", rep_ms=20.0, prebuild=True,
+                                build_timeout_s=120.0))
+    assert [r["status"] for r in rows] == ["pass", "pass", "pass"]
+    logs = out / "cpu" / "logs"
+    lazy = (logs / "b_lazy.prebuild.log").read_text()
+    assert "[prebuild] warm call: its Model built on meta" in lazy and "BUILT" in lazy
+    assert "[prebuild] warm call returned" in lazy  # the reference's forward runs on meta tensors
+    assert "BUILD CACHE HIT" in (logs / "b_lazy.log").read_text()
+    assert "[prebuild] warm call stopped at its limit of 3 s" in (logs / "c_stuck.prebuild.log").read_text()
+
+
+def test_the_warm_call_draws_on_the_cpu_what_meta_cannot_and_answers_the_grading_arch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """06's reference routes by its logits' values, which meta tensors lack: its Model is built at the first CPU
+    shape and called on meta inputs. A kernel that asks torch for the GPU's capability to pick its flags gets
+    the grading GPU's (TORCH_CUDA_ARCH_LIST), in the prebuild only."""
+    import torch
+
+    from kernelboard.eval.deck import load_problem
+    from kernelboard.eval.plan import import_file
+    from kernelboard.eval.prebuild import _capability_from_arch_list, _model_and_inputs
+
+    hard = load_problem(DECK / "05_topk_bitonic")
+    reference = import_file("reference", hard.reference_path)
+    model, inputs, where = _model_and_inputs(hard, reference, reference)
+    assert where.startswith("on meta") and all(x.is_meta for x in inputs)
+    assert model(*inputs)[0].shape == (hard.shapes[0].params["batch"], hard.shapes[0].params["k"])
+
+    moe = load_problem(DECK / "06_sonic_moe_swiglu")
+    reference = import_file("reference", moe.reference_path)
+    model, inputs, where = _model_and_inputs(moe, reference, reference)
+    assert where.startswith("on the CPU at the first CPU shape") and all(
+        x.is_meta for x in inputs if isinstance(x, torch.Tensor))
+    assert not any(p.is_meta for p in model.parameters())
+
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    real = torch.cuda.get_device_capability
+    with _capability_from_arch_list():
+        assert torch.cuda.get_device_capability() == (9, 0)
+    assert torch.cuda.get_device_capability is real
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0")  # no one arch: nothing answered
+    with _capability_from_arch_list():
+        assert torch.cuda.get_device_capability is real
