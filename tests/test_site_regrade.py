@@ -155,7 +155,8 @@ def test_the_committed_superseded_results_are_those_the_tables_say(committed: Si
     assert set(regraded) == set(old) and all(r.grader_version == "0.5.2" and r.is_pass for r in regraded.values())
     as_before = tuple(replace(r, grader_version="0.4.8", status="wrong", message=old[r.run_id])
                       for r in regraded.values())
-    shown, back = split_superseded(committed.runs, (*committed.results, *as_before), committed.baselines)
+    shown, back = split_superseded(committed.runs, (*committed.results, *committed.superseded, *as_before),
+                                   committed.baselines)
     assert {r.run_id for r in back} == held | set(old)
     assert not any(r is s for r in as_before for s in shown)
     assert all(any(r is s for s in shown) for r in regraded.values())
