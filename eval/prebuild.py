@@ -68,8 +68,9 @@ def warm_call(problem: Any, reference: types.ModuleType, solution: types.ModuleT
                 print(f"[prebuild] warm call: its Model built {where}", flush=True)
                 import torch
 
+                entry = getattr(model, problem.stateful.entry) if problem.stateful else model  # Mega: step()
                 with torch.no_grad():
-                    model(*inputs)
+                    entry(*inputs)
         except BaseException as exc:  # the end it usually comes to: a read of a meta tensor's data
             said.append(f"ended after {time.perf_counter() - start:.1f} s: {_said(exc)}")
         else:

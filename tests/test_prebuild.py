@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from grading import MeasuredBaselines
 
 from kernelboard.eval.cutlass_headers import find_cutlass
@@ -311,3 +312,28 @@ def test_the_warm_call_draws_on_the_cpu_what_meta_cannot_and_answers_the_grading
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0")  # no one arch: nothing answered
     with _capability_from_arch_list():
         assert torch.cuda.get_device_capability is real
+
+
+def test_the_warm_call_of_a_stateful_problem_calls_its_entry(capsys: pytest.CaptureFixture[str]) -> None:
+    """A Mega solution's Model has `step(hidden, state)`, no forward: the warm call calls the deck's entry
+    (15 of 62 published Mega kernels reached no build before it did; 8 of them now reach it there)."""
+    import types
+
+    from kernelboard.eval.deck import load_problem
+    from kernelboard.eval.plan import import_file
+    from kernelboard.eval.prebuild import warm_call
+
+    mega = load_problem(ROOT / "eval" / "decks" / "mega" / "02_kimi_linear_decode")
+    reference = import_file("reference", mega.reference_path)
+
+    class Model(torch.nn.Module):
+        def __init__(self, *args: object) -> None:
+            super().__init__()
+
+        def step(self, hidden: torch.Tensor, state: list[dict[str, torch.Tensor]]) -> None:
+            raise RuntimeError(f"step reached with a {tuple(hidden.shape)} {hidden.device} hidden")
+
+    warm_call(mega, reference, types.SimpleNamespace(Model=Model), 60)
+    said = capsys.readouterr().out
+    assert "[prebuild] warm call: its Model built on meta" in said
+    assert "RuntimeError: step reached with a (2304,) meta hidden" in said

@@ -1,0 +1,114 @@
+"""Where a deck's submissions start their extension builds: at import, in the prebuild's warm call, or
+where no CPU-side call reaches them — measured on the CPU, no GPU and no compiler needed.
+
+Each submission runs `python -m kernelboard.eval.prebuild` (the grader's own prebuild: import, then the
+warm call on meta tensors) in the grader's sandbox, with torch's `load_inline` and `load` replaced by a
+probe that prints one line and raises: the line's place in the log (before or after "[prebuild]
+imported") says which phase reached the build. The GPU grading then finds a build of either phase in
+its cache; one that neither reaches is built on the GPU's time (about 50 s each for a 05 extension on
+the H200's host). Kernels with a `@triton.jit` and no torch extension are counted apart: Triton compiles
+on the first call, which needs a GPU.
+
+    python bench/warm_call_reach.py --deck eval/decks/hard --submissions data/submissions/hard [--jobs 2]
+        [--only GLOB] [--json reach.json]
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import fnmatch
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from kernelboard.eval.deck import load_deck
+from kernelboard.eval.jail import make_jail, problem_copy, problem_root, start
+from kernelboard.eval.settings import PREBUILD_WARM_CALL_S
+from kernelboard.eval.submission import Submission, discover
+
+# Runs the prebuild with torch's two JIT build entry points replaced by a probe.
+PROBE = """
+import sys, torch.utils.cpp_extension as ext
+def _probe(*args, **kwargs):
+    print("[probe] build reached", flush=True)
+    raise RuntimeError("probe: the build stops here")
+ext.load_inline = ext.load = _probe
+from kernelboard.eval.prebuild import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def reach(sub: Submission, problem_dir: Path, scratch: Path, jail: object) -> tuple[str, str]:
+    """(phase, the log's last line): phase is import, warm call, none (an extension source that no phase
+    reached), triton (Triton only) or plain (neither)."""
+    folder = scratch / sub.run_id
+    shutil.copytree(sub.folder, folder, ignore=shutil.ignore_patterns("run.yaml", "__pycache__"))
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TORCH_CUDA_ARCH_LIST": "9.0", "HOME": str(folder),
+           "TORCH_EXTENSIONS_DIR": str(folder / "_ext"), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    problem = problem_copy(problem_dir, folder)  # the decks stay hidden, as in a grading
+    command = [sys.executable, "-c", PROBE, str(problem), str(folder), str(PREBUILD_WARM_CALL_S)]
+    proc = start(jail, command, writable=[folder], readable=[problem_root(folder)], cwd=folder,  # type: ignore[arg-type]
+                 env=env, device="cpu", stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                 stdin=subprocess.DEVNULL).proc
+    try:
+        out, _ = proc.communicate(timeout=PREBUILD_WARM_CALL_S + 120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    lines = out.decode(errors="replace").splitlines()
+    last = next((line for line in reversed(lines) if line.startswith("[prebuild]")), lines[-1] if lines else "")
+    if "[probe] build reached" in lines:
+        at = lines.index("[probe] build reached")
+        imported = next((i for i, line in enumerate(lines) if line.startswith("[prebuild] imported")), len(lines))
+        return ("import" if at < imported else "warm call"), last
+    source = "\n".join(p.read_text(errors="replace") for p in folder.rglob("*.py"))
+    if "load_inline" in source or "cpp_extension" in source:
+        return "none", last
+    return ("triton" if "triton.jit" in source else "plain"), last
+
+
+@click.command(help=__doc__.split("\n\n")[0])
+@click.option("--deck", type=click.Path(path_type=Path), default=Path("eval/decks/hard"), show_default=True)
+@click.option("--submissions", type=click.Path(path_type=Path), default=Path("data/submissions/hard"),
+              show_default=True)
+@click.option("--only", default="*", show_default=True, help="run_id glob")
+@click.option("--jobs", type=int, default=2, show_default=True)
+@click.option("--json", "json_out", type=click.Path(path_type=Path), help="write every submission's phase here")
+def main(deck: Path, submissions: Path, only: str, jobs: int, json_out: Path | None) -> None:
+    console = Console()
+    problems = load_deck(deck)
+    subs = [s for s in discover(submissions)[0]
+            if fnmatch.fnmatch(s.run_id, only) and s.problem in problems and s.has_solution]
+    jail = make_jail(sandboxed=True, device="cpu", hide=[deck.resolve(), submissions.resolve()])
+    console.print(f"{len(subs)} submissions, {jobs} at a time (each imports torch: a few seconds) …")
+    found: dict[str, dict[str, str]] = {}
+    with tempfile.TemporaryDirectory(prefix="warm-reach-") as tmp, \
+            concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        futures = {pool.submit(reach, s, problems[s.problem].folder.resolve(), Path(tmp), jail): s for s in subs}
+        for future in concurrent.futures.as_completed(futures):
+            sub = futures[future]
+            phase, last = future.result()
+            found[sub.run_id] = {"problem": sub.problem, "phase": phase, "last": last}
+            if phase == "none":
+                console.print(f"  {sub.run_id}: no phase reached its build — {last}", markup=False)
+    table = Table("problem", "at import", "warm call", "not reached", "Triton only", "neither", "all")
+    for name in sorted({v["problem"] for v in found.values()}):
+        counts = Counter(v["phase"] for v in found.values() if v["problem"] == name)
+        table.add_row(name, *(str(counts[p]) for p in ("import", "warm call", "none", "triton", "plain")),
+                      str(sum(counts.values())))
+    console.print(table)
+    if json_out is not None:
+        json_out.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()
