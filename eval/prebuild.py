@@ -45,7 +45,9 @@ def main(argv: list[str]) -> int:
     print(f"[prebuild] imported in {time.perf_counter() - start:.1f} s", flush=True)
     if len(argv) == 3 and float(argv[2]) > 0:
         warm_call(problem, reference, solution, float(argv[2]))
-    return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # its work is done: a thread the solution started (not a daemon) must not keep it alive
 
 
 def warm_call(problem: Any, reference: types.ModuleType, solution: types.ModuleType, limit_s: float) -> None:

@@ -337,3 +337,19 @@ def test_the_warm_call_of_a_stateful_problem_calls_its_entry(capsys: pytest.Capt
     said = capsys.readouterr().out
     assert "[prebuild] warm call: its Model built on meta" in said
     assert "RuntimeError: step reached with a (2304,) meta hidden" in said
+
+
+def test_a_thread_the_solution_leaves_running_does_not_keep_the_prebuild_alive(tmp_path: Path) -> None:
+    """A non-daemon thread started at import would hold the prebuild's exit, and the GPU's next grading with
+    it, until the build timeout; the prebuild leaves once its import and warm call are done."""
+    import subprocess
+    import sys
+
+    (tmp_path / "solution.py").write_text(
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(600,)).start()\n"
+        "from reference import Model, get_inputs, get_init_inputs  # noqa: F401\n")
+    done = subprocess.run([sys.executable, "-m", "kernelboard.eval.prebuild", str(DECK / "05_topk_bitonic"),
+                           str(tmp_path), "30"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "[prebuild] imported" in done.stdout and "[prebuild] warm call returned" in done.stdout
