@@ -6,8 +6,9 @@ warm call on meta tensors) in the grader's sandbox, with torch's `load_inline` a
 probe that prints one line and raises: the line's place in the log (before or after "[prebuild]
 imported") says which phase reached the build. The GPU grading then finds a build of either phase in
 its cache; one that neither reaches is built on the GPU's time (about 50 s each for a 05 extension on
-the H200's host). Kernels with a `@triton.jit` and no torch extension are counted apart: Triton compiles
-on the first call, which needs a GPU.
+the H200's host). Triton kernels compile in the warm call for sm_90 (TORCH_CUDA_ARCH_LIST 9.0) with no
+GPU, each shape's launches compiled and none run: the census counts the submissions whose warm call
+compiled at least one (`triton` in the JSON: variants compiled, seconds), and those it compiled none of.
 
     python bench/warm_call_reach.py --deck eval/decks/hard --submissions data/submissions/hard [--jobs 2]
         [--only GLOB] [--json reach.json]
@@ -19,6 +20,7 @@ import concurrent.futures
 import fnmatch
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -46,14 +48,19 @@ from kernelboard.eval.prebuild import main
 sys.exit(main(sys.argv[1:]))
 """
 
+# The warm call's Triton line (triton_compile_only.Compiled.summary).
+COMPILED = re.compile(r"(\d+) Triton kernel variants compiled in ([\d.]+) s")
 
-def reach(sub: Submission, problem_dir: Path, scratch: Path, jail: object) -> tuple[str, str]:
-    """(phase, the log's last line): phase is import, warm call, none (an extension source that no phase
-    reached), triton (Triton only) or plain (neither)."""
+
+def reach(sub: Submission, problem_dir: Path, scratch: Path, jail: object) -> tuple[str, str, list[float]]:
+    """(phase, the log's last line, [Triton variants compiled, seconds]): phase is import, warm call, none
+    (an extension source that no phase reached), triton (Triton only, some compiled in the warm call),
+    triton-none (Triton only, none compiled) or plain (neither)."""
     folder = scratch / sub.run_id
     shutil.copytree(sub.folder, folder, ignore=shutil.ignore_patterns("run.yaml", "__pycache__"))
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TORCH_CUDA_ARCH_LIST": "9.0", "HOME": str(folder),
-           "TORCH_EXTENSIONS_DIR": str(folder / "_ext"), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+           "TORCH_EXTENSIONS_DIR": str(folder / "_ext"), "TRITON_CACHE_DIR": str(folder / "_triton"),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     problem = problem_copy(problem_dir, folder)  # the decks stay hidden, as in a grading
     command = [sys.executable, "-c", PROBE, str(problem), str(folder), str(PREBUILD_WARM_CALL_S)]
     proc = start(jail, command, writable=[folder], readable=[problem_root(folder)], cwd=folder,  # type: ignore[arg-type]
@@ -65,15 +72,21 @@ def reach(sub: Submission, problem_dir: Path, scratch: Path, jail: object) -> tu
         proc.kill()
         out, _ = proc.communicate()
     lines = out.decode(errors="replace").splitlines()
-    last = next((line for line in reversed(lines) if line.startswith("[prebuild]")), lines[-1] if lines else "")
+    ends = [line for line in lines if line.startswith("[prebuild] warm call ") and "Model built" not in line]
+    last = ends[0] if ends else next((line for line in reversed(lines) if line.startswith("[prebuild]")),
+                                     lines[-1] if lines else "")
+    triton = next(([float(m[1]), float(m[2])] for line in lines
+                   if (m := COMPILED.search(line)) is not None), [0.0, 0.0])
     if "[probe] build reached" in lines:
         at = lines.index("[probe] build reached")
         imported = next((i for i, line in enumerate(lines) if line.startswith("[prebuild] imported")), len(lines))
-        return ("import" if at < imported else "warm call"), last
+        return ("import" if at < imported else "warm call"), last, triton
     source = "\n".join(p.read_text(errors="replace") for p in folder.rglob("*.py"))
     if "load_inline" in source or "cpp_extension" in source:
-        return "none", last
-    return ("triton" if "triton.jit" in source else "plain"), last
+        return "none", last, triton
+    if "triton.jit" in source:
+        return ("triton" if triton[0] else "triton-none"), last, triton
+    return "plain", last, triton
 
 
 @click.command(help=__doc__.split("\n\n")[0])
@@ -96,15 +109,19 @@ def main(deck: Path, submissions: Path, only: str, jobs: int, json_out: Path | N
         futures = {pool.submit(reach, s, problems[s.problem].folder.resolve(), Path(tmp), jail): s for s in subs}
         for future in concurrent.futures.as_completed(futures):
             sub = futures[future]
-            phase, last = future.result()
-            found[sub.run_id] = {"problem": sub.problem, "phase": phase, "last": last}
+            phase, last, triton = future.result()
+            found[sub.run_id] = {"problem": sub.problem, "phase": phase, "last": last, "triton": triton}
             if phase == "none":
                 console.print(f"  {sub.run_id}: no phase reached its build — {last}", markup=False)
-    table = Table("problem", "at import", "warm call", "not reached", "Triton only", "neither", "all")
+    table = Table("problem", "at import", "warm call", "not reached", "Triton: compiled", "Triton: none",
+                  "neither", "all", "Triton variants", "Triton s")
     for name in sorted({v["problem"] for v in found.values()}):
-        counts = Counter(v["phase"] for v in found.values() if v["problem"] == name)
-        table.add_row(name, *(str(counts[p]) for p in ("import", "warm call", "none", "triton", "plain")),
-                      str(sum(counts.values())))
+        rows = [v for v in found.values() if v["problem"] == name]
+        counts = Counter(v["phase"] for v in rows)
+        phases = ("import", "warm call", "none", "triton", "triton-none", "plain")
+        table.add_row(name, *(str(counts[p]) for p in phases),
+                      str(len(rows)), str(int(sum(v["triton"][0] for v in rows))),
+                      f"{sum(v['triton'][1] for v in rows):.0f}")
     console.print(table)
     if json_out is not None:
         json_out.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")

@@ -4,8 +4,9 @@
 with no GPU visible (`CUDA_VISIBLE_DEVICES=""`), in the same per-solution caches (TORCH_EXTENSIONS_DIR,
 TRITON_CACHE_DIR) and with the same TORCH_CUDA_ARCH_LIST the grading worker will use, so that a
 `load_inline` / CUDA-source build done at import is already cached when the worker imports it. With
-WARM_CALL_S, it then builds the solution's Model and calls it once on meta tensors (`warm_call`), for
-the kernels that build in their constructor or on their first call.
+WARM_CALL_S, it then builds the solution's Model and calls it on meta tensors of each shape
+(`warm_call`), for the kernels that build in their constructor or on their first call, Triton's
+included (compiled for the grading arch, launched nowhere: triton_compile_only.py).
 
 Best effort: whatever happens here is ignored; the worker's own import decides the verdict. The
 candidate code runs as hostile as anywhere: own process group, scratch copy, killed at the build
@@ -51,86 +52,125 @@ def main(argv: list[str]) -> int:
 
 
 def warm_call(problem: Any, reference: types.ModuleType, solution: types.ModuleType, limit_s: float) -> None:
-    """Build the solution's Model and call it once on meta tensors of the first shape, so that an extension
-    it builds lazily (in its constructor, or on its first call before it touches the data: `_get_mod()`
-    in `forward`) is built here, on the CPU, and cached for the worker. Meta tensors carry shapes and
-    no data, so any PyTorch work costs nothing and the first read of data raises, which ends the call.
-    `torch.cuda.get_device_capability` answers the grading GPU's arch (TORCH_CUDA_ARCH_LIST), as the
-    worker's would, so a kernel that picks its flags from it builds what the worker will load; nothing
-    else of CUDA is there (`_model_and_inputs` says what is built where). The call runs in a thread,
-    given `limit_s`; past that the process exits whatever the thread does (a loop that catches every
-    exception included), and the scheduler kills what is left of its process group."""
+    """Build the solution's Model and call it on meta tensors, once per shape, so that an extension it
+    builds lazily (in its constructor, or on its first call before it touches the data: `_get_mod()` in
+    `forward`) is built here, on the CPU, and cached for the worker, and so are its Triton kernels, for
+    every shape: Triton launches compile and launch nothing here (triton_compile_only.py). Meta tensors
+    carry shapes and no data, so any PyTorch work costs nothing and the first read of data raises, which
+    ends that shape's call. `torch.cuda.get_device_capability` answers the grading GPU's arch
+    (TORCH_CUDA_ARCH_LIST), as the worker's would, so a kernel that picks its flags from it builds what
+    the worker will load; nothing else of CUDA is there (`_warm_calls` says what is built where). The
+    calls run in a thread, given `limit_s` in all; past that the process exits whatever the thread does
+    (a loop that catches every exception included), and the scheduler kills what is left of its group."""
     start = time.perf_counter()
-    said: list[str] = []
+    compiled: list[Any] = []
 
-    def call() -> None:
-        try:
-            with _capability_from_arch_list():
-                model, inputs, where = _model_and_inputs(problem, reference, solution)
+    def calls() -> None:
+        import torch
+
+        with _capability_from_arch_list() as capability, _compiling_triton(capability) as triton:
+            compiled.append(triton)
+            for model, inputs, where in _warm_calls(problem, reference, solution):
+                if model is None:
+                    print(f"[prebuild] warm call {where}", flush=True)
+                    continue
                 print(f"[prebuild] warm call: its Model built {where}", flush=True)
-                import torch
+                began = time.perf_counter()
+                try:
+                    entry = getattr(model, problem.stateful.entry) if problem.stateful else model  # Mega: step()
+                    with torch.no_grad():
+                        entry(*inputs)
+                except BaseException as exc:  # the end it usually comes to: a read of a meta tensor's data
+                    said = f"ended after {time.perf_counter() - began:.1f} s: {_said(exc)}"
+                else:
+                    said = f"returned in {time.perf_counter() - began:.1f} s"
+                print(f"[prebuild] warm call {said}", flush=True)
 
-                entry = getattr(model, problem.stateful.entry) if problem.stateful else model  # Mega: step()
-                with torch.no_grad():
-                    entry(*inputs)
-        except BaseException as exc:  # the end it usually comes to: a read of a meta tensor's data
-            said.append(f"ended after {time.perf_counter() - start:.1f} s: {_said(exc)}")
-        else:
-            said.append(f"returned in {time.perf_counter() - start:.1f} s")
-
-    thread = threading.Thread(target=call, daemon=True, name="warm-call")
+    thread = threading.Thread(target=_logged(calls), daemon=True, name="warm-call")
     thread.start()
     thread.join(limit_s)
+    if compiled and compiled[0] is not None:
+        print(f"[prebuild] warm call: {compiled[0].summary()}", flush=True)
     if thread.is_alive():
         print(f"[prebuild] warm call stopped at its limit of {limit_s:g} s", flush=True)
         os._exit(0)  # the thread cannot be stopped; the process can
-    print(f"[prebuild] warm call {said[0]}", flush=True)
+    print(f"[prebuild] warm calls done in {time.perf_counter() - start:.1f} s", flush=True)
 
 
-def _model_and_inputs(problem: Any, reference: types.ModuleType,
-                      solution: types.ModuleType) -> tuple[Any, list[Any], str]:
-    """The solution's Model and inputs of the first shape, all on meta. Where the reference cannot draw
-    them there (06's router reads its logits; Mega's weights come from a torch.Generator, which meta has
-    none of) or the Model cannot be built there, the Model is built on the CPU at the first CPU shape
-    (small: a full shape's weights on the CPU would cost seconds and gigabytes beside the timed process),
-    the inputs moved to meta."""
+def _logged(calls: Any) -> Any:
+    """`calls`, with what escapes it (a Model that cannot be built anywhere) said in the log."""
+    def run() -> None:
+        try:
+            calls()
+        except BaseException as exc:
+            print(f"[prebuild] warm call ended: {_said(exc)}", flush=True)
+    return run
+
+
+def _compiling_triton(capability: tuple[int, int] | None) -> contextlib.AbstractContextManager[Any]:
+    """Triton launches as compiles for the grading arch, where there is one arch to compile for."""
+    if capability is None:
+        return contextlib.nullcontext(None)
+    from .triton_compile_only import compile_only
+
+    return compile_only(capability)
+
+
+def _warm_calls(problem: Any, reference: types.ModuleType,
+                solution: types.ModuleType) -> Iterator[tuple[Any, list[Any], str]]:
+    """(Model, inputs, where) for each shape, all on meta; (None, [], why) for a shape that cannot be drawn
+    there. Where the first cannot (06's router reads its logits; Mega's weights come from a
+    torch.Generator, which meta has none of), there is one call: its Model built on the CPU at the first
+    CPU shape (small: a full shape's weights on the CPU would cost seconds and gigabytes beside the timed
+    process), the inputs moved to meta."""
+    for index, shape in enumerate(problem.shapes):
+        label = shape.label or f"shape {index}"
+        try:
+            model, inputs = _model_and_inputs(problem, reference, solution, shape, "meta")
+        except Exception as exc:
+            if index == 0 and problem.cpu_shapes:
+                break
+            yield None, [], f"skipped {label}: its Model or inputs cannot be drawn on meta ({_said(exc)})"
+            continue
+        yield model, inputs, f"on meta at {label}"
+    else:
+        return
+    shape = problem.cpu_shapes[0]
+    model, inputs = _model_and_inputs(problem, reference, solution, shape, "cpu")
+    yield model, inputs, f"on the CPU at the first CPU shape ({shape.label or 'cpu shape 0'})"
+
+
+def _model_and_inputs(problem: Any, reference: types.ModuleType, solution: types.ModuleType, shape: Any,
+                      built_on: str) -> tuple[Any, list[Any]]:
+    """The solution's Model built on `built_on` (meta or cpu) at `shape`, and that shape's inputs on meta."""
     import torch
 
     from .plan import apply_shape, install_shapes_module, moved
 
     cls = getattr(solution, problem.solution_class)
     install_shapes_module(problem.shapes)
-    apply_shape(reference, problem, problem.shapes[0])
-    try:
-        with torch.device("meta"):
-            init_args = moved(list(reference.get_init_inputs()), "meta")
-            inputs = moved(list(reference.get_inputs()), "meta")
-            return cls(*init_args), inputs, f"on meta at {problem.shapes[0].label or 'shape 0'}"
-    except Exception:
-        if not problem.cpu_shapes:
-            raise
-    shape = problem.cpu_shapes[0]
     apply_shape(reference, problem, shape)
-    init_args = list(reference.get_init_inputs())
-    inputs = moved(list(reference.get_inputs()), "meta")
-    return cls(*init_args), inputs, f"on the CPU at the first CPU shape ({shape.label or 'cpu shape 0'})"
+    with torch.device(built_on):
+        model = cls(*moved(list(reference.get_init_inputs()), built_on))
+        return model, moved(list(reference.get_inputs()), "meta")
 
 
 @contextlib.contextmanager
-def _capability_from_arch_list() -> Iterator[None]:
-    """`torch.cuda.get_device_capability()` as (major, minor) of a one-arch TORCH_CUDA_ARCH_LIST ("9.0")."""
+def _capability_from_arch_list() -> Iterator[tuple[int, int] | None]:
+    """`torch.cuda.get_device_capability()` as (major, minor) of a one-arch TORCH_CUDA_ARCH_LIST ("9.0");
+    yields that capability, or None where the list names no single arch."""
     import torch
 
     arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
     try:
         major, minor = (int(part) for part in arch.split("."))
     except ValueError:
-        yield
+        yield None
         return
     saved = torch.cuda.get_device_capability
     torch.cuda.get_device_capability = lambda device=None: (major, minor)  # type: ignore[assignment]
     try:
-        yield
+        yield major, minor
     finally:
         torch.cuda.get_device_capability = saved
 

@@ -65,6 +65,20 @@ def cache_dir(cache_key: str) -> Path:
     return Path(os.environ.get("KERNELBOARD_CACHE", Path.home() / ".cache" / "kernelboard")) / cache_key
 
 
+def built_kernels(cache_key: str) -> tuple[frozenset[Path], frozenset[Path]]:
+    """The Triton kernel variants (cubins) and torch extensions (shared objects) in one solution's compile
+    caches: what its worker finds built, and, taken again after it, what the worker built on GPU time."""
+    root = cache_dir(cache_key)
+    return frozenset((root / "triton").rglob("*.cubin")), frozenset((root / "torch_extensions").rglob("*.so"))
+
+
+def built_line(before: tuple[frozenset[Path], frozenset[Path]], after: tuple[frozenset[Path], frozenset[Path]]) -> str:
+    """The log's account of where a grading's builds happened (the prebuild's aim: none during grading)."""
+    new = [len(a - b) for a, b in zip(after, before, strict=True)]
+    return (f"[grader] built while grading: {new[0]} Triton kernel variants, {new[1]} extensions "
+            f"(found built before: {len(before[0])} and {len(before[1])})")
+
+
 def hold_cache(cache_key: str, log: IO[str]) -> int:
     """Join the builders of one solution's compile caches, for as long as the returned descriptor is open
     (a prebuild's life, or a worker's): a shared `flock` on `<cache>.lock` beside the cache folder, where
@@ -177,6 +191,7 @@ def run_worker(job: Job, workdir: Path, log_path: Path, timeout_s: float, cache_
         log.flush()
     start = time.perf_counter()
     phase, phase_start = None, start
+    built = built_kernels(cache_key) if job.kind == "grade" else None
     with log, _holding_cache(cache_key, log):
         env = worker_env(cache_key, arch, interpret=job.device == "cpu")
         proc: subprocess.Popen[bytes] | zygote.Forked | None = zygote.fork_worker([str(job_path)], workdir, env, log)
@@ -208,6 +223,8 @@ def run_worker(job: Job, workdir: Path, log_path: Path, timeout_s: float, cache_
                                          now - start, log_path)
         finally:
             _kill_group(proc)  # on every path: children it left behind (compilers, helpers) go too
+            if built is not None:
+                log.write(f"{built_line(built, built_kernels(cache_key))}\n")
     seconds = time.perf_counter() - start
     if rc is None and not result_path.exists():  # a forked worker whose zygote died before it reported the exit
         msg = f"the zygote that forked the worker died (in phase '{phase}'); the worker was killed"

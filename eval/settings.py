@@ -212,6 +212,9 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: compares the state with the list it last returned itself, which the grader never passes back).
 #: 0.5.4 has the prebuild call each solution's Model once on meta tensors (eval/prebuild.py `warm_call`), so
 #: an extension built on the first call is built on the CPU ahead of the GPU too: no check or figure changes.
+#: 0.5.5's warm call covers every shape and compiles the solution's Triton kernels for the grading GPU with
+#: no GPU (eval/triton_compile_only.py: launches compile, none runs), and each grading's log counts the
+#: kernels built while it ran, apart from those found built: no check or figure changes.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 
@@ -260,9 +263,9 @@ def baseline_reusable(variant: str, measured_by: str) -> bool:
 #: runs ninja with two compilers (the binding's C++ and the .cu) for 50–60 s.
 PREBUILD_AHEAD, PREBUILD_CPUS_EACH = 3, 4
 
-#: How long a prebuild's warm call may run (prebuild.warm_call): the solution's Model built and called once
-#: on meta tensors, so that an extension it builds in its constructor or its first call is built on the
-#: CPU too. On the H200, 10 of 28 published 05 kernels built that way, each in about 50 s of the GPU's
+#: How long a prebuild's warm call may run (prebuild.warm_call), all shapes together: the solution's Model
+#: built and called on meta tensors of each shape, so that an extension it builds in its constructor or its
+#: first call is built on the CPU too, and its Triton kernels compiled (for the grading GPU's arch). On the H200, 10 of 28 published 05 kernels built that way, each in about 50 s of the GPU's
 #: time; of the 301 Hard and 62 Mega submissions, the warm call reaches the builds of 45 and 8 that no
 #: import does (bench/warm_call_reach.py). A build cut off here is built again by the worker, as it was
 #: before; a warm call that never returns holds up the GPU by at most this long.

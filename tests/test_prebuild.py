@@ -259,7 +259,7 @@ def test_the_warm_call_builds_what_a_kernel_builds_on_its_first_call_and_is_boun
 
     monkeypatch.setenv("KERNELBOARD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(schedule, "prebuild_depth", lambda cpus: 2)
-    monkeypatch.setattr(schedule, "PREBUILD_WARM_CALL_S", 3)
+    monkeypatch.setattr(schedule, "PREBUILD_WARM_CALL_S", 8)  # a loaded 2-core machine: 3 s was tight
     subs, out = tmp_path / "subs", tmp_path / "out"
     sources = {"a_plain": "from reference import Model, get_inputs, get_init_inputs  # noqa: F401\n",
                "b_lazy": LAZY_BUILD, "c_stuck": STUCK_ON_META}
@@ -277,7 +277,8 @@ def test_the_warm_call_builds_what_a_kernel_builds_on_its_first_call_and_is_boun
     assert "[prebuild] warm call: its Model built on meta" in lazy and "BUILT" in lazy
     assert "[prebuild] warm call returned" in lazy  # the reference's forward runs on meta tensors
     assert "BUILD CACHE HIT" in (logs / "b_lazy.log").read_text()
-    assert "[prebuild] warm call stopped at its limit of 3 s" in (logs / "c_stuck.prebuild.log").read_text()
+    assert "[grader] built while grading: 0 Triton kernel variants, 0 extensions" in (logs / "b_lazy.log").read_text()
+    assert "[prebuild] warm call stopped at its limit of 8 s" in (logs / "c_stuck.prebuild.log").read_text()
 
 
 def test_the_warm_call_draws_on_the_cpu_what_meta_cannot_and_answers_the_grading_arch(
@@ -289,29 +290,31 @@ def test_the_warm_call_draws_on_the_cpu_what_meta_cannot_and_answers_the_grading
 
     from kernelboard.eval.deck import load_problem
     from kernelboard.eval.plan import import_file
-    from kernelboard.eval.prebuild import _capability_from_arch_list, _model_and_inputs
+    from kernelboard.eval.prebuild import _capability_from_arch_list, _warm_calls
 
     hard = load_problem(DECK / "05_topk_bitonic")
     reference = import_file("reference", hard.reference_path)
-    model, inputs, where = _model_and_inputs(hard, reference, reference)
-    assert where.startswith("on meta") and all(x.is_meta for x in inputs)
-    assert model(*inputs)[0].shape == (hard.shapes[0].params["batch"], hard.shapes[0].params["k"])
+    calls = list(_warm_calls(hard, reference, reference))
+    assert [where for _, _, where in calls] == [f"on meta at {s.label}" for s in hard.shapes]  # one per shape
+    assert all(x.is_meta for _, inputs, _ in calls for x in inputs)
+    for (model, inputs, _), shape in zip(calls, hard.shapes, strict=True):
+        assert model(*inputs)[0].shape == (shape.params["batch"], shape.params["k"])
 
     moe = load_problem(DECK / "06_sonic_moe_swiglu")
     reference = import_file("reference", moe.reference_path)
-    model, inputs, where = _model_and_inputs(moe, reference, reference)
+    [(model, inputs, where)] = _warm_calls(moe, reference, reference)
     assert where.startswith("on the CPU at the first CPU shape") and all(
         x.is_meta for x in inputs if isinstance(x, torch.Tensor))
     assert not any(p.is_meta for p in model.parameters())
 
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
     real = torch.cuda.get_device_capability
-    with _capability_from_arch_list():
-        assert torch.cuda.get_device_capability() == (9, 0)
+    with _capability_from_arch_list() as capability:
+        assert torch.cuda.get_device_capability() == (9, 0) == capability
     assert torch.cuda.get_device_capability is real
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0")  # no one arch: nothing answered
-    with _capability_from_arch_list():
-        assert torch.cuda.get_device_capability is real
+    with _capability_from_arch_list() as capability:
+        assert torch.cuda.get_device_capability is real and capability is None
 
 
 def test_the_warm_call_of_a_stateful_problem_calls_its_entry(capsys: pytest.CaptureFixture[str]) -> None:
@@ -353,3 +356,21 @@ def test_a_thread_the_solution_leaves_running_does_not_keep_the_prebuild_alive(t
                            str(tmp_path), "30"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "[prebuild] imported" in done.stdout and "[prebuild] warm call returned" in done.stdout
+
+
+def test_the_log_counts_what_was_built_during_grading_apart_from_what_was_found(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The measure of the prebuild's aim (nothing built on GPU time): cubins and shared objects that
+    appeared in the solution's caches while its worker ran, beside those it found there."""
+    from kernelboard.eval.sandbox import built_kernels, built_line, cache_dir
+
+    monkeypatch.setenv("KERNELBOARD_CACHE", str(tmp_path))
+    root = cache_dir("k")
+    for path in ("triton/A/k1.cubin", "triton/B/k2.cubin", "torch_extensions/ext/ext.so", "triton/A/k1.ptx"):
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_bytes(b"")
+    before = built_kernels("k")
+    (root / "triton" / "C").mkdir()
+    (root / "triton" / "C" / "k3.cubin").write_bytes(b"")
+    assert built_line(before, built_kernels("k")) == (
+        "[grader] built while grading: 1 Triton kernel variants, 0 extensions (found built before: 2 and 1)")
