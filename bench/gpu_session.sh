@@ -71,6 +71,9 @@ if [ -n "${IDS:-}" ]; then
     --out $WORK/res --resume "${only[@]}" ${EVAL_ARGS:-} 2>&1 | grep -v "^\s*$" | tail -80
   echo "== eval exited ${PIPESTATUS[0]} at $(( $(date +%s) - T0 )) s"
   grep -h "zygote" $WORK/res/h200/logs/*.log 2>/dev/null | sort | uniq -c | head -5
+  # what each grading still built on the GPU's time (the prebuild's aim: nothing), then the prebuilds' Triton lines
+  grep -H "built while grading" $WORK/res/h200/logs/*.log 2>/dev/null | sed 's|.*/||' | tail -40
+  grep -H "Triton kernel variants compiled" $WORK/res/h200/logs/*.prebuild.log 2>/dev/null | sed 's|.*/||' | tail -40
 fi
 
 kill $PACKER 2>/dev/null
