@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import threading
 import time
@@ -35,6 +36,7 @@ def main(argv: list[str]) -> int:
 
     problem = load_problem(Path(argv[0]))
     solution_dir = Path(argv[1])
+    capability = grading_capability(os.environ.get("TORCH_CUDA_ARCH_LIST", ""))  # before a solution sets its own
     reference = import_file("reference", problem.reference_path)
     sys.path.insert(0, str(solution_dir))
     start = time.perf_counter()
@@ -45,20 +47,22 @@ def main(argv: list[str]) -> int:
         return 0
     print(f"[prebuild] imported in {time.perf_counter() - start:.1f} s", flush=True)
     if len(argv) == 3 and float(argv[2]) > 0:
-        warm_call(problem, reference, solution, float(argv[2]))
+        warm_call(problem, reference, solution, float(argv[2]), capability)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # its work is done: a thread the solution started (not a daemon) must not keep it alive
 
 
-def warm_call(problem: Any, reference: types.ModuleType, solution: types.ModuleType, limit_s: float) -> None:
+def warm_call(problem: Any, reference: types.ModuleType, solution: types.ModuleType, limit_s: float,
+              capability: tuple[int, int] | None) -> None:
     """Build the solution's Model and call it on meta tensors, once per shape, so that an extension it
     builds lazily (in its constructor, or on its first call before it touches the data: `_get_mod()` in
     `forward`) is built here, on the CPU, and cached for the worker, and so are its Triton kernels, for
     every shape: Triton launches compile and launch nothing here (triton_compile_only.py). Meta tensors
     carry shapes and no data, so any PyTorch work costs nothing and the first read of data raises, which
-    ends that shape's call. `torch.cuda.get_device_capability` answers the grading GPU's arch
-    (TORCH_CUDA_ARCH_LIST), as the worker's would, so a kernel that picks its flags from it builds what
+    ends that shape's call. `torch.cuda.get_device_capability` answers the grading GPU's `capability`
+    (the grader's TORCH_CUDA_ARCH_LIST, read before the solution's import could set its own), as the
+    worker's would, so a kernel that picks its flags from it builds what
     the worker will load; nothing else of CUDA is there (`_warm_calls` says what is built where). The
     calls run in a thread, given `limit_s` in all; past that the process exits whatever the thread does
     (a loop that catches every exception included), and the scheduler kills what is left of its group."""
@@ -68,7 +72,7 @@ def warm_call(problem: Any, reference: types.ModuleType, solution: types.ModuleT
     def calls() -> None:
         import torch
 
-        with _capability_from_arch_list() as capability, _compiling_triton(capability) as triton:
+        with _answering_capability(capability), _compiling_triton(capability) as triton:
             compiled.append(triton)
             for model, inputs, where in _warm_calls(problem, reference, solution):
                 if model is None:
@@ -155,22 +159,25 @@ def _model_and_inputs(problem: Any, reference: types.ModuleType, solution: types
         return model, moved(list(reference.get_inputs()), "meta")
 
 
+def grading_capability(arch_list: str) -> tuple[int, int] | None:
+    """(major, minor) of a TORCH_CUDA_ARCH_LIST that names one arch ("9.0", "9.0a", "12.0+PTX"), else None."""
+    archs = arch_list.replace(";", " ").split()
+    match = re.fullmatch(r"(\d+)\.(\d+)[af]?(\+PTX)?", archs[0]) if len(archs) == 1 else None
+    return (int(match[1]), int(match[2])) if match else None
+
+
 @contextlib.contextmanager
-def _capability_from_arch_list() -> Iterator[tuple[int, int] | None]:
-    """`torch.cuda.get_device_capability()` as (major, minor) of a one-arch TORCH_CUDA_ARCH_LIST ("9.0");
-    yields that capability, or None where the list names no single arch."""
+def _answering_capability(capability: tuple[int, int] | None) -> Iterator[None]:
+    """`torch.cuda.get_device_capability()` answers `capability`, where there is one."""
     import torch
 
-    arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
-    try:
-        major, minor = (int(part) for part in arch.split("."))
-    except ValueError:
-        yield None
+    if capability is None:
+        yield
         return
     saved = torch.cuda.get_device_capability
-    torch.cuda.get_device_capability = lambda device=None: (major, minor)  # type: ignore[assignment]
+    torch.cuda.get_device_capability = lambda device=None: capability  # type: ignore[assignment]
     try:
-        yield major, minor
+        yield
     finally:
         torch.cuda.get_device_capability = saved
 

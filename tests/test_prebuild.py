@@ -281,8 +281,7 @@ def test_the_warm_call_builds_what_a_kernel_builds_on_its_first_call_and_is_boun
     assert "[prebuild] warm call stopped at its limit of 8 s" in (logs / "c_stuck.prebuild.log").read_text()
 
 
-def test_the_warm_call_draws_on_the_cpu_what_meta_cannot_and_answers_the_grading_arch(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_warm_call_draws_on_the_cpu_what_meta_cannot_and_answers_the_grading_arch() -> None:
     """06's reference routes by its logits' values, which meta tensors lack: its Model is built at the first CPU
     shape and called on meta inputs. A kernel that asks torch for the GPU's capability to pick its flags gets
     the grading GPU's (TORCH_CUDA_ARCH_LIST), in the prebuild only."""
@@ -290,7 +289,7 @@ def test_the_warm_call_draws_on_the_cpu_what_meta_cannot_and_answers_the_grading
 
     from kernelboard.eval.deck import load_problem
     from kernelboard.eval.plan import import_file
-    from kernelboard.eval.prebuild import _capability_from_arch_list, _warm_calls
+    from kernelboard.eval.prebuild import _answering_capability, _warm_calls, grading_capability
 
     hard = load_problem(DECK / "05_topk_bitonic")
     reference = import_file("reference", hard.reference_path)
@@ -307,14 +306,13 @@ def test_the_warm_call_draws_on_the_cpu_what_meta_cannot_and_answers_the_grading
         x.is_meta for x in inputs if isinstance(x, torch.Tensor))
     assert not any(p.is_meta for p in model.parameters())
 
-    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
     real = torch.cuda.get_device_capability
-    with _capability_from_arch_list() as capability:
-        assert torch.cuda.get_device_capability() == (9, 0) == capability
+    with _answering_capability((9, 0)):
+        assert torch.cuda.get_device_capability() == (9, 0)
     assert torch.cuda.get_device_capability is real
-    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0")  # no one arch: nothing answered
-    with _capability_from_arch_list() as capability:
-        assert torch.cuda.get_device_capability is real and capability is None
+    # the grader's list, one arch (solutions often set "9.0a" themselves: the prebuild reads it before them)
+    lists = ("9.0", "9.0a", "12.0+PTX", " 10.0 ", "8.0;9.0", "8.0 9.0", "", "sm_90")
+    assert [grading_capability(a) for a in lists] == [(9, 0), (9, 0), (12, 0), (10, 0), None, None, None, None]
 
 
 def test_the_warm_call_of_a_stateful_problem_calls_its_entry(capsys: pytest.CaptureFixture[str]) -> None:
@@ -336,7 +334,7 @@ def test_the_warm_call_of_a_stateful_problem_calls_its_entry(capsys: pytest.Capt
         def step(self, hidden: torch.Tensor, state: list[dict[str, torch.Tensor]]) -> None:
             raise RuntimeError(f"step reached with a {tuple(hidden.shape)} {hidden.device} hidden")
 
-    warm_call(mega, reference, types.SimpleNamespace(Model=Model), 60)
+    warm_call(mega, reference, types.SimpleNamespace(Model=Model), 60, None)
     said = capsys.readouterr().out
     assert "[prebuild] warm call: its Model built on meta" in said
     assert "RuntimeError: step reached with a (2304,) meta hidden" in said
