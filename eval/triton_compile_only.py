@@ -31,16 +31,20 @@ from typing import Any
 
 @dataclasses.dataclass
 class Compiled:
-    """What a warm call compiled: kernel variants built (cache misses), found already built, seconds."""
+    """What a warm call's launches came to: `variants`, the kernel variants (one per specialisation) first
+    launched here, each compiled (or, where an earlier prebuild of the same solution compiled it, read from
+    the disk cache); `repeats`, launches of a variant already launched; the seconds of all of them; the
+    launches that raised (a compile error, an argument Triton cannot take)."""
 
-    built: int = 0
-    found: int = 0
+    variants: int = 0
+    repeats: int = 0
     seconds: float = 0.0
     failed: list[str] = dataclasses.field(default_factory=list)
 
     def summary(self) -> str:
         failed = f", {len(self.failed)} failed ({self.failed[0]})" if self.failed else ""
-        return f"{self.built} Triton kernel variants compiled in {self.seconds:.1f} s, {self.found} cached{failed}"
+        return (f"{self.variants} Triton kernel variants compiled in {self.seconds:.1f} s, "
+                f"{self.repeats} launched again{failed}")
 
 
 def compile_only(capability: tuple[int, int]) -> contextlib.AbstractContextManager[Compiled | None]:
@@ -75,9 +79,9 @@ def _compile_only(capability: tuple[int, int], jit_function: Any, autotuner: Any
         finally:
             compiled.seconds += time.perf_counter() - start
         if len(self.device_caches[device][0]) > before:
-            compiled.built += 1
+            compiled.variants += 1
         else:
-            compiled.found += 1
+            compiled.repeats += 1
         return kernel
 
     def bench_without_disk_cache(self: Any, tuning_key: Any, configs: Any, bench_fn: Callable[[], None]) -> bool:

@@ -63,7 +63,7 @@ def test_a_launch_on_meta_compiles_for_the_grading_arch_and_nothing_runs(triton_
         _add[(32,)](x, x, out, 4096, BLOCK=128)
         _add[(32,)](x, x, out, 4096, BLOCK=128)
         _add[(33,)](x, x, out, 4097, BLOCK=128)
-    assert (compiled.built, compiled.found, compiled.failed) == (2, 1, [])
+    assert (compiled.variants, compiled.repeats, compiled.failed) == (2, 1, [])
     metadata = [json.loads(p.read_text()) for p in _cache_files(triton_cache, "_add.json")]
     assert len(metadata) == 2 and len(_cache_files(triton_cache, "_add.cubin")) == 2
     assert {(m["target"]["backend"], m["target"]["arch"], m["target"]["warp_size"]) for m in metadata} == {
@@ -77,7 +77,7 @@ def test_an_autotuner_compiles_every_config_and_keeps_no_choice_on_disk(triton_c
     x = torch.empty(10_000, device="meta", dtype=torch.float32)
     with compile_only((9, 0)) as compiled:
         _double[lambda meta: (triton.cdiv(10_000, meta["BLOCK"]),)](x, torch.empty_like(x), 10_000)
-    assert compiled is not None and compiled.built == 3  # the chosen config's launch is then found
+    assert compiled is not None and compiled.variants == 3  # the chosen config's launch is then found
     assert len(_cache_files(triton_cache, "_double.cubin")) == 3
     assert not _cache_files(triton_cache, ".autotune.json")
 
