@@ -62,10 +62,10 @@ def warm_call(problem: Any, reference: types.ModuleType, solution: types.ModuleT
     carry shapes and no data, so any PyTorch work costs nothing and the first read of data raises, which
     ends that shape's call. `torch.cuda.get_device_capability` answers the grading GPU's `capability`
     (the grader's TORCH_CUDA_ARCH_LIST, read before the solution's import could set its own), as the
-    worker's would, so a kernel that picks its flags from it builds what
-    the worker will load; nothing else of CUDA is there (`_warm_calls` says what is built where). The
-    calls run in a thread, given `limit_s` in all; past that the process exits whatever the thread does
-    (a loop that catches every exception included), and the scheduler kills what is left of its group."""
+    worker's would, so a kernel that picks its flags from it builds what the worker will load; nothing
+    else of CUDA is there (`_warm_calls` says what is built where). The calls run in a thread, given
+    `limit_s` in all; past that the process exits whatever the thread does (a loop that catches every
+    exception included), and the scheduler kills what is left of its group."""
     start = time.perf_counter()
     compiled: list[Any] = []
 
@@ -133,15 +133,13 @@ def _warm_calls(problem: Any, reference: types.ModuleType,
             model, inputs = _model_and_inputs(problem, reference, solution, shape, "meta")
         except Exception as exc:
             if index == 0 and problem.cpu_shapes:
-                break
+                cpu_shape = problem.cpu_shapes[0]
+                model, inputs = _model_and_inputs(problem, reference, solution, cpu_shape, "cpu")
+                yield model, inputs, f"on the CPU at the first CPU shape ({cpu_shape.label or 'cpu shape 0'})"
+                return
             yield None, [], f"skipped {label}: its Model or inputs cannot be drawn on meta ({_said(exc)})"
             continue
         yield model, inputs, f"on meta at {label}"
-    else:
-        return
-    shape = problem.cpu_shapes[0]
-    model, inputs = _model_and_inputs(problem, reference, solution, shape, "cpu")
-    yield model, inputs, f"on the CPU at the first CPU shape ({shape.label or 'cpu shape 0'})"
 
 
 def _model_and_inputs(problem: Any, reference: types.ModuleType, solution: types.ModuleType, shape: Any,
