@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
+import sys
 import tempfile
 from collections import Counter
 from collections.abc import Iterable
@@ -27,6 +28,7 @@ from typing import Any
 
 from kernelboard.errors import UsageError
 
+from .interrupted import merged_records, read_records, without_graded, write_records
 from .schema import TABLES
 from .tables import finish_pending, load_all, read_table, results_lock, rows_to_table, table_path, write_atomic
 
@@ -170,6 +172,22 @@ def _merge_into(src: Path, dst: Path, theirs: dict[str, dict[str, list[dict]]]) 
         load_all(staged)  # the merged whole keeps the contract (cross-table rules included)
     for (gpu, name), table in written.items():  # in _ORDER within each GPU: results last
         write_atomic(table, table_path(dst, gpu, name))
-    for gpu, (_, won) in merged.items():
+    for gpu, (tables, won) in merged.items():
         _merge_logs(src, dst, gpu, won)
+        _merge_interruptions(src, dst, gpu, tables)
     return report
+
+
+def _merge_interruptions(src: Path, dst: Path, gpu: str, tables: dict[str, list[dict]]) -> None:
+    """Both sides' records of interrupted runs (`interrupted.py`), less the runs the merged tables now
+    hold a grading of, with the same solution. A record that cannot be read is said and left out."""
+    theirs, bad_src = read_records(src, gpu)
+    ours, bad_dst = read_records(dst, gpu)
+    for warning in (bad_src, bad_dst):
+        if warning:
+            print(warning, file=sys.stderr)
+    if not (theirs or ours):
+        return
+    solutions = {r["run_id"]: r["solution_sha256"] for r in tables["runs"]}
+    graded = {r["run_id"]: solutions.get(r["run_id"]) for r in tables["results"]}
+    write_records(dst, gpu, without_graded(merged_records(ours, theirs), graded))

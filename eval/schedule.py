@@ -42,6 +42,7 @@ from kernelboard.errors import SubmissionError, UsageError
 from .cutlass_headers import find_cutlass
 from .deck import Problem, load_deck
 from .hardware import GPUS, GpuSpec, gpu_key
+from .interrupted import Interruption, add_interruption, graded_last, read_records, without_graded, write_records
 from .jail import Jail, make_jail
 from .job import Job
 from .reproducible import classify
@@ -414,26 +415,44 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
                 progress.advance(task)
             else:
                 queue.append((sub, deck.get(sub.problem)))
+        interruptions = _interruptions(opts.out, gpu, progress.console)
+        queue = graded_last(queue, [s.run_id for s, _ in queue], interruptions,
+                            [s.solution_sha256() for s, _ in queue])
+        for sub, _ in queue:
+            if (known := interruptions.get(sub.run_id)) and known.solution_sha256 == sub.solution_sha256():
+                progress.console.print(f"  {sub.run_id}: {known.summary()} in earlier batches: graded last")
         gradeable = [sub.run_id for sub, problem in queue if _gradeable(opts, problem, sub)]
         prebuilds: dict[str, Prebuild] = {}
         baselines: dict[str, dict[int, dict[str, Any]]] = {}
         for sub, problem in queue:
             progress.update(task, description=f"grading {sub.run_id}")
-            prebuild_s = 0.0
-            if sub.run_id in gradeable and problem is not None:
-                if problem.name not in baselines:  # timed with no build of ours loading the host
-                    baselines[problem.name] = ensure_baselines(
-                        opts, gpu, problem, env, scratch,
-                        functools.partial(_let_builds_finish, prebuilds, opts.build_timeout_s))
-                at = gradeable.index(sub.run_id)
-                for ahead in gradeable[at + 1:at + 1 + depth]:  # never one already graded: they lie behind
-                    if ahead not in prebuilds:
-                        nsub, nproblem = next((s, p) for s, p in queue if s.run_id == ahead)
-                        prebuilds[ahead] = _prebuild(opts, gpu, nproblem, nsub, env, scratch, cell)  # type: ignore[arg-type]
-                if sub.run_id in prebuilds:
-                    prebuild_s = finish_prebuild(prebuilds.pop(sub.run_id), opts.build_timeout_s)
-            row = grade_submission(opts, gpu, spec, problem, sub, env, baselines.get(sub.problem, {}), scratch,
-                                   driver, functools.partial(_show_phase, progress, task, sub.run_id), cell, prebuild_s)
+            if sub.run_id in gradeable and problem is not None and problem.name not in baselines:
+                baselines[problem.name] = ensure_baselines(  # timed with no build of ours loading the host
+                    opts, gpu, problem, env, scratch,
+                    functools.partial(_let_builds_finish, prebuilds, opts.build_timeout_s))
+            phases = ["its prebuild"]  # the phases it reached, for the record of an interruption
+            started = time.monotonic()
+            try:
+                prebuild_s = 0.0
+                if sub.run_id in gradeable and problem is not None:
+                    at = gradeable.index(sub.run_id)
+                    for ahead in gradeable[at + 1:at + 1 + depth]:  # never one already graded: they lie behind
+                        if ahead not in prebuilds:
+                            nsub, nproblem = next((s, p) for s, p in queue if s.run_id == ahead)
+                            prebuilds[ahead] = _prebuild(opts, gpu, nproblem, nsub, env, scratch, cell)  # type: ignore[arg-type]
+                    if sub.run_id in prebuilds:
+                        prebuild_s = finish_prebuild(prebuilds.pop(sub.run_id), opts.build_timeout_s)
+                row = grade_submission(opts, gpu, spec, problem, sub, env, baselines.get(sub.problem, {}), scratch,
+                                       driver, functools.partial(_show_phase, progress, task, sub.run_id, phases),
+                                       cell, prebuild_s)
+            except KeyboardInterrupt:  # cut off (a GPU call's deadline, Ctrl-C): the next batch grades it last
+                interruptions = add_interruption(_interruptions(opts.out, gpu), sub.run_id, sub.solution_sha256(),
+                                                 time.monotonic() - started, phases[-1], _now().isoformat())
+                write_records(opts.out, gpu, interruptions)
+                raise
+            if sub.run_id in interruptions:  # graded whole now
+                interruptions = without_graded(interruptions, {sub.run_id: sub.solution_sha256()})
+                write_records(opts.out, gpu, interruptions)
             score = f" {row['speedup_vs_compile']:.2f}× vs compile" if row["speedup_vs_compile"] else ""
             progress.console.print(f"  {sub.run_id}: {row['status']}{score} — {row['message']}")
             rows.append(row)
@@ -443,6 +462,15 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
     if rows:
         _console.print(summary_table(rows))
     return rows
+
+
+def _interruptions(out: Path, gpu: str, console: Console | None = None) -> dict[str, Interruption]:
+    """The folder's records of interrupted runs (`interrupted.py`); a file that cannot be read is said
+    once on `console` and counts as none."""
+    records, warning = read_records(out, gpu)
+    if warning and console is not None:
+        console.print(f"[yellow]{warning}[/]", markup=True, highlight=False, soft_wrap=True)
+    return records
 
 
 def _let_builds_finish(prebuilds: dict[str, Prebuild], timeout_s: float) -> None:
@@ -464,7 +492,8 @@ def prebuild_depth(cpus: int | None) -> int:
     return max(1, min(PREBUILD_AHEAD, (cpus or 1) // PREBUILD_CPUS_EACH))
 
 
-def _show_phase(progress: Progress, task: TaskID, run_id: str, phase: str) -> None:
+def _show_phase(progress: Progress, task: TaskID, run_id: str, seen: list[str], phase: str) -> None:
+    seen.append(phase)
     progress.update(task, description=f"{run_id} · {phase}")
 
 

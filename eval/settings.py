@@ -215,6 +215,8 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: 0.5.5's warm call covers every shape and compiles the solution's Triton kernels for the grading GPU with
 #: no GPU (eval/triton_compile_only.py: launches compile, none runs), and each grading's log counts the
 #: kernels built while it ran, apart from those found built: no check or figure changes.
+#: 0.5.6 records a run a batch was cut off in (<out>/<gpu>/interrupted.json, eval/interrupted.py) and grades
+#: such runs after every other in the next batch: scheduling only, no check or figure changes.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 

@@ -1,0 +1,146 @@
+"""A run a batch was cut off in is remembered and graded last (`eval/interrupted.py`).
+
+On the H200 on 2026-12-03 one kernel whose Triton compile runs for minutes (MiniMax-M3's 07) was
+first in the queue of two GPU calls in a row and filled the second whole. These tests cut a real
+`kernelboard eval` batch off with SIGINT, as a call's deadline does, and grade again."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from grading import MeasuredBaselines
+
+from kernelboard.eval.interrupted import (
+    Interruption,
+    add_interruption,
+    graded_last,
+    merged_records,
+    read_records,
+    records_path,
+    without_graded,
+    write_records,
+)
+from kernelboard.eval.merge import merge_results
+from kernelboard.eval.schedule import EvalOptions, run_eval
+from kernelboard.eval.tables import read_table, table_path
+
+ROOT = Path(__file__).resolve().parents[1]
+DECK = ROOT / "eval" / "decks" / "hard"
+PROBLEM = "03_paged_attention"
+GPU = "cpu"
+
+STALLS = """\
+import threading
+import reference
+
+
+class Model(reference.Model):
+    def forward(self, query, kv_cache, block_table, seq_lens):
+        threading.Event().wait()
+"""
+HONEST = "from reference import Model, get_inputs, get_init_inputs  # noqa: F401\n"
+
+
+def _record(sha: str = "s1", times: int = 1, seconds: float = 10.0) -> Interruption:
+    return Interruption(sha, times, seconds, "correctness", "2026-12-03T07:21:00+00:00")
+
+
+def test_interrupted_runs_go_last_least_run_first_and_the_rest_keep_their_order() -> None:
+    records = {"a": _record(seconds=500.0), "c": _record(seconds=20.0), "e": _record(sha="old")}
+    items = ["a", "b", "c", "d", "e"]
+    shas = ["s1", "s1", "s1", "s1", "s1"]  # e's solution changed since its record: not held back
+    assert graded_last(items, items, records, shas) == ["b", "d", "e", "c", "a"]
+
+
+def test_a_record_counts_interruptions_of_one_solution_and_restarts_for_a_new_one() -> None:
+    records = add_interruption({}, "a", "s1", 120.04, "its prebuild", "t1")
+    records = add_interruption(records, "a", "s1", 30.0, "correctness", "t2")
+    assert records["a"] == Interruption("s1", 2, 150.0, "correctness", "t2")
+    assert add_interruption(records, "a", "s2", 5.0, "timing", "t3")["a"].times == 1
+    assert records["a"].summary() == "interrupted 2 times (150 s in all; last in 'correctness')"
+    assert without_graded(records, {"a": "s1"}) == {}
+    assert without_graded(records, {"a": "s2"}) == records  # a grading of another solution clears nothing
+
+
+def test_merging_keeps_the_record_that_saw_more_interruptions() -> None:
+    seeded = {"a": _record(times=1, seconds=100.0)}
+    carried_on = {"a": _record(times=2, seconds=400.0), "b": _record()}
+    merged = merged_records(seeded, carried_on)
+    assert merged["a"].times == 2 and merged["a"].seconds == 400.0 and "b" in merged
+    assert merged_records(carried_on, seeded)["a"].times == 2
+
+
+def test_an_unreadable_record_file_is_named_and_ignored(tmp_path: Path) -> None:
+    path = records_path(tmp_path, GPU)
+    path.parent.mkdir(parents=True)
+    path.write_text('{"a": {"times": "many"}}')
+    records, warning = read_records(tmp_path, GPU)
+    assert records == {}
+    assert warning is not None and str(path) in warning and "ignored" in warning
+    write_records(tmp_path, GPU, {})
+    assert not path.exists()
+
+
+@pytest.fixture(scope="module")
+def cut_off(tmp_path_factory: pytest.TempPathFactory, measured_baselines: MeasuredBaselines) -> Path:
+    """A real batch (`kernelboard eval --device cpu`) of a_stalls (its forward never returns) and
+    b_honest, SIGINTed while it grades a_stalls, which sorts first."""
+    root = tmp_path_factory.mktemp("interrupted")
+    for name, source in (("a_stalls", STALLS), ("b_honest", HONEST)):
+        folder = root / "submissions" / name
+        folder.mkdir(parents=True)
+        (folder / "solution.py").write_text(source)
+        (folder / "run.yaml").write_text(f"problem: {PROBLEM}\nmodel: test-{name}\nharness: pytest\n"
+                                         "agent_outcome: completed\n")
+    measured_baselines.copy_into(root / "results", [PROBLEM], rep_ms=20.0)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from kernelboard.cli import main; main()", "eval", "--deck", str(DECK),
+         "--submissions", str(root / "submissions"), "--out", str(root / "results"), "--device", "cpu",
+         "--resume", "--timeout", "120"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    log = root / "results" / GPU / "logs" / "a_stalls.log"
+    deadline = time.monotonic() + 120
+    while "Model built" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(2.0)  # well inside its stalled first call
+    os.kill(proc.pid, signal.SIGINT)  # the grader only, as `timeout -s INT` signals it
+    out, _ = proc.communicate(timeout=60)
+    (root / "first-batch.txt").write_bytes(out)
+    return root
+
+
+def test_the_batch_cut_off_records_the_run_it_was_grading(cut_off: Path) -> None:
+    records, warning = read_records(cut_off / "results", GPU)
+    assert warning is None, warning
+    assert list(records) == ["a_stalls"], (cut_off / "first-batch.txt").read_text()[-2000:]
+    entry = records["a_stalls"]
+    assert entry.times == 1 and entry.seconds >= 2.0
+    assert entry.phase != "its prebuild"  # it was in the worker, past its build
+    raw = json.loads(records_path(cut_off / "results", GPU).read_text())
+    assert raw["a_stalls"]["solution_sha256"] == entry.solution_sha256
+
+
+def test_the_next_batch_grades_it_last_and_forgets_it_once_graded(cut_off: Path, tmp_path: Path) -> None:
+    results = cut_off / "results"
+    before = tmp_path / "before"  # the folder as the cut-off batch left it, merged afterwards
+    shutil.copytree(results, before)
+    opts = EvalOptions(deck=DECK, submissions=cut_off / "submissions", out=results, device="cpu", resume=True,
+                       timeout_s=15.0, build_timeout_s=10.0, rep_ms=20.0)
+    rows = run_eval(opts)
+    assert [r["run_id"] for r in rows] == ["b_honest", "a_stalls"]
+    assert [r["status"] for r in rows] == ["pass", "timeout"]
+    assert read_records(results, GPU) == ({}, None)  # graded whole: a timeout is a verdict
+    # merging the earlier copy back brings no stale record: the merged tables hold a grading of it
+    merge_results(before, results)
+    assert read_records(results, GPU) == ({}, None)
+    statuses = {r["run_id"]: r["status"] for r in read_table(table_path(results, GPU, "results"),
+                                                              "results").to_pylist()}
+    assert statuses == {"b_honest": "pass", "a_stalls": "timeout"}
