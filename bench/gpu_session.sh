@@ -11,6 +11,9 @@
 #   EVAL_ARGS='…' more `kernelboard eval` options (say --check-timeout 1500 --timeout 2400 for a kernel
 #               whose first call compiles for minutes)
 #   BENCH=1     bench/gpu_grading.py on GPU 0 (LOAD busy processes)
+#   TRITON_AHEAD='glob'  archives of `kernelboard eval compile-ahead` (Triton kernels compiled on a CPU host
+#               for sm_90), unpacked into the grader's cache root first: each grading's log then says how
+#               many of them it found built, and 0 built while grading where their cache keys matched
 # Results are packed into $OUT (default ./gpu-session-out) every 30 s, so a call cut short still
 # returns what finished: res.tgz is a results folder, SEED for the next call and `eval merge`'s source.
 # DEADLINE: seconds after the start at which gradings are interrupted (SIGINT: finished rows stay).
@@ -33,6 +36,13 @@ make -s .venv-eval/bin/python PYTHON=python3 >/dev/null || exit 1
 .venv-eval/bin/pip install -q --no-deps --no-build-isolation -e . || exit 1
 .venv-eval/bin/pip install -q --no-index --no-deps "$CARRY"/whl/*.whl || exit 1
 .venv-eval/bin/python -c "import torch, kernelboard; print('torch', torch.__version__, torch.cuda.get_device_name(), 'kernelboard', kernelboard.__version__)"
+if [ -n "${TRITON_AHEAD:-}" ]; then
+  CACHE_ROOT=${KERNELBOARD_CACHE:-$HOME/.cache/kernelboard}
+  mkdir -p "$CACHE_ROOT"
+  for a in $TRITON_AHEAD; do
+    tar -C "$CACHE_ROOT" -xzf "$a" && echo "Triton compiled ahead: $a ($(tar -tzf "$a" | grep -c '\.cubin$') variants of $(tar -tzf "$a" | cut -d/ -f1 | sort -u | wc -l) solutions) into $CACHE_ROOT"
+  done
+fi
 echo "== setup done at $(( $(date +%s) - T0 )) s"
 
 WORK=${WORK:-/tmp/work}

@@ -1,6 +1,6 @@
 """Compile a solution's extensions on the CPU while the GPU grades another submission.
 
-`python -m kernelboard.eval.prebuild PROBLEM_PATH SOLUTION_DIR [WARM_CALL_S]` imports solution.py once
+`python -m kernelboard.eval.prebuild PROBLEM_PATH SOLUTION_DIR [WARM_CALL_S [no-extensions]]` imports solution.py once
 with no GPU visible (`CUDA_VISIBLE_DEVICES=""`), in the same per-solution caches (TORCH_EXTENSIONS_DIR,
 TRITON_CACHE_DIR) and with the same TORCH_CUDA_ARCH_LIST the grading worker will use, so that a
 `load_inline` / CUDA-source build done at import is already cached when the worker imports it. With
@@ -26,10 +26,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+#: The prebuild's last argument that refuses torch's extension builds (`_refuse_extension_builds`).
+NO_EXTENSIONS = "no-extensions"
+
 
 def main(argv: list[str]) -> int:
-    if len(argv) not in (2, 3):
-        print("usage: python -m kernelboard.eval.prebuild PROBLEM_PATH SOLUTION_DIR [WARM_CALL_S]", file=sys.stderr)
+    if len(argv) not in (2, 3, 4) or argv[3:] not in ([], [NO_EXTENSIONS]):
+        print("usage: python -m kernelboard.eval.prebuild PROBLEM_PATH SOLUTION_DIR [WARM_CALL_S [no-extensions]]",
+              file=sys.stderr)
         return 2
     from .deck import load_problem
     from .plan import import_file
@@ -39,6 +43,8 @@ def main(argv: list[str]) -> int:
     capability = grading_capability(os.environ.get("TORCH_CUDA_ARCH_LIST", ""))  # before a solution sets its own
     reference = import_file("reference", problem.reference_path)
     sys.path.insert(0, str(solution_dir))
+    if argv[3:] == [NO_EXTENSIONS]:
+        _refuse_extension_builds()
     start = time.perf_counter()
     try:
         solution = import_file("solution", solution_dir / "solution.py")
@@ -46,11 +52,22 @@ def main(argv: list[str]) -> int:
         print(f"[prebuild] import failed after {time.perf_counter() - start:.1f} s: {_said(exc)}")
         return 0
     print(f"[prebuild] imported in {time.perf_counter() - start:.1f} s", flush=True)
-    if len(argv) == 3 and float(argv[2]) > 0:
+    if len(argv) >= 3 and float(argv[2]) > 0:
         warm_call(problem, reference, solution, float(argv[2]), capability)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # its work is done: a thread the solution started (not a daemon) must not keep it alive
+
+
+def _refuse_extension_builds() -> None:
+    """torch's JIT builds raise (`ahead.py`: a host other than the grading one compiles only Triton
+    kernels; an extension built against its torch would not load in the grader's)."""
+    import torch.utils.cpp_extension as cpp_extension
+
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("not built here: extensions are built on the grading host, against its torch")
+
+    cpp_extension.load = cpp_extension.load_inline = refused  # type: ignore[assignment]
 
 
 def warm_call(problem: Any, reference: types.ModuleType, solution: types.ModuleType, limit_s: float,

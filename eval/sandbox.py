@@ -39,6 +39,7 @@ from .cutlass_headers import find_cutlass
 from .jail import Jail
 from .job import Job
 from .locks import hold, lock_dir, open_lock_file
+from .prebuild import NO_EXTENSIONS
 
 _console = Console(stderr=True, soft_wrap=True)  # lines a program may read never break mid-word
 
@@ -262,10 +263,11 @@ class Prebuild:
 
 
 def start_prebuild(problem_path: Path, solution_dir: Path, log_path: Path, cache_key: str,
-                   arch: str | None, cell: Jail, warm_call_s: float = 0.0) -> Prebuild:
+                   arch: str | None, cell: Jail, warm_call_s: float = 0.0, extensions: bool = True) -> Prebuild:
     """Start compiling a solution's extensions on the CPU (see prebuild.py), in the batch's sandbox
     with a private copy of the problem, with a warm call of up to `warm_call_s` (0: none); returns the
-    running prebuild."""
+    running prebuild. Without `extensions` torch's JIT builds raise and only Triton kernels compile
+    (`ahead.py`, on a host other than the grading one)."""
     env = {**worker_env(cache_key, arch), "CUDA_VISIBLE_DEVICES": ""}
     problem = jail.problem_copy(problem_path, solution_dir)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -276,7 +278,7 @@ def start_prebuild(problem_path: Path, solution_dir: Path, log_path: Path, cache
         started = time.monotonic()
         try:
             proc = jail.start(cell, [sys.executable, "-m", "kernelboard.eval.prebuild", str(problem),
-                                     str(solution_dir), f"{warm_call_s:g}"],
+                                     str(solution_dir), f"{warm_call_s:g}", *([] if extensions else [NO_EXTENSIONS])],
                               writable=[solution_dir, cache_dir(cache_key)], readable=[jail.problem_root(solution_dir)],
                               cwd=solution_dir, env=env, device="cpu",
                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).proc

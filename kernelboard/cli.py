@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,35 @@ def eval_merge(sources: tuple[Path, ...], into: Path, skip: tuple[str, ...]) -> 
         if report["shapes"]["removed"]:
             counts += f"; {report['shapes']['removed']} shape rows removed (their run's result has none)"
         click.echo(f"{src} -> {into}: {counts}")
+
+
+@eval.command("compile-ahead")
+@click.option("--deck", type=_EXISTING_DIR, default=Path("eval/decks/hard"), show_default=True,
+              help="Problem deck: one folder per problem with problem.yaml and reference.py.")
+@click.option("--submissions", type=_EXISTING_DIR, default=Path("data/submissions/hard"), show_default=True,
+              help="One folder per run: solution.py (+ sidecar files) and run.yaml.")
+@click.option("--only", "only", multiple=True, metavar="GLOB", help="Only runs whose run_id matches (repeatable).")
+@click.option("--exclude", "exclude", multiple=True, metavar="GLOB", help="Leave these runs out (repeatable).")
+@click.option("--arch", default="9.0", show_default=True,
+              help="The grading GPU's compute capability (TORCH_CUDA_ARCH_LIST form): 9.0 for H100 and H200.")
+@click.option("--jobs", type=click.IntRange(min=1), default=max(1, (os.cpu_count() or 1)), show_default="the CPUs",
+              help="Submissions compiled at once (each Triton compile takes one core).")
+@click.option("--limit", "limit_s", type=click.FloatRange(min=1), default=1800.0, show_default=True,
+              help="Seconds one submission's warm call may compile (the grader's own prebuild allows 240).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The archive to write (.tgz): each solution's triton/ cache under its hash.")
+@_os_errors_are_one_line
+def eval_compile_ahead(deck: Path, submissions: Path, only: tuple[str, ...], exclude: tuple[str, ...], arch: str,
+                       jobs: int, limit_s: float, out: Path) -> None:
+    """Compile submissions' Triton kernels for the grading GPU here, with no GPU, for the GPU host's cache.
+
+    Unpack the archive into the GPU host's cache root (KERNELBOARD_CACHE, default ~/.cache/kernelboard)
+    before `kernelboard eval`: a kernel whose compile outlasts a GPU call is then graded in seconds.
+    Torch extensions are not built here (they are bound to the grading host's torch).
+    """
+    from kernelboard.eval.ahead import compile_ahead
+
+    compile_ahead(deck, submissions, out, only, exclude, arch, jobs, limit_s)
 
 
 # ---------------------------------------------------------------------------------------- site
