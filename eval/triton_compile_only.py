@@ -74,7 +74,9 @@ def _compile_only(capability: tuple[int, int], jit_function: Any, autotuner: Any
         try:
             kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
         except Exception as exc:
-            compiled.failed.append(f"{getattr(self, '__name__', '?')}: {type(exc).__name__}")
+            said = str(exc).strip().splitlines()
+            compiled.failed.append(f"{getattr(self, '__name__', '?')}: {type(exc).__name__}"
+                                   + (f": {said[-1][:160]}" if said else ""))
             raise
         finally:
             compiled.seconds += time.perf_counter() - start

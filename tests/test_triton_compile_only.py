@@ -81,6 +81,18 @@ def test_an_autotuner_compiles_every_config_and_keeps_no_choice_on_disk(triton_c
     assert not _cache_files(triton_cache, ".autotune.json")
 
 
+def test_a_failed_launch_is_counted_with_its_own_words(triton_cache: Path) -> None:
+    """As kinetic-0715's Mega kernel of 2026-07-16 23:33 calls its own `.warmup` with one positional argument
+    too many: the summary says which kernel failed and why, so a prebuild log tells the solution's bug
+    from ours."""
+    x = torch.empty(256, device="meta", dtype=torch.float32)
+    with compile_only((9, 0)) as compiled, pytest.raises(TypeError):
+        _add[(1,)](x, x, x, 256, 128, BLOCK=128)
+    assert compiled is not None and compiled.variants == 0
+    assert compiled.failed == ["_add: TypeError: dynamic_func() got multiple values for argument 'BLOCK'"]
+    assert "1 failed (_add: TypeError: dynamic_func() got multiple values" in compiled.summary()
+
+
 def _prebuild(problem: Path, solution_dir: Path, cache: Path) -> str:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TORCH_CUDA_ARCH_LIST": "9.0", "TRITON_CACHE_DIR": str(cache)}
     env.pop("TRITON_INTERPRET", None)
