@@ -84,6 +84,8 @@ if [ -n "${IDS:-}" ]; then
   # what each grading still built on the GPU's time (the prebuild's aim: nothing), then the prebuilds' Triton lines
   grep -H "built while grading" $WORK/res/h200/logs/*.log 2>/dev/null | sed 's|.*/||' | tail -40
   grep -H "Triton kernel variants compiled" $WORK/res/h200/logs/*.prebuild.log 2>/dev/null | sed 's|.*/||' | tail -40
+  # runs a batch was cut off in (graded last by the next: eval/interrupted.py)
+  [ -f $WORK/res/h200/interrupted.json ] && echo "== interrupted runs:" && cat $WORK/res/h200/interrupted.json
 fi
 
 kill $PACKER 2>/dev/null
