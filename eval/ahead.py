@@ -62,17 +62,19 @@ def has_triton(sub: Submission) -> bool:
 
 
 @contextlib.contextmanager
-def _cache_root(root: Path) -> Iterator[None]:
-    """`sandbox.cache_dir` under `root` for the block (it reads KERNELBOARD_CACHE), restored after."""
-    saved = os.environ.get("KERNELBOARD_CACHE")
-    os.environ["KERNELBOARD_CACHE"] = str(root)
+def _environment(**values: str) -> Iterator[None]:
+    """These environment variables for the block, restored after: the grader's helpers read them
+    (`sandbox.cache_dir` KERNELBOARD_CACHE; `worker_env` keeps a TORCH_CUDA_ARCH_LIST already set)."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        if saved is None:
-            os.environ.pop("KERNELBOARD_CACHE", None)
-        else:
-            os.environ["KERNELBOARD_CACHE"] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def compile_ahead(deck: Path, submissions: Path, out: Path, only: tuple[str, ...] = (),
@@ -94,7 +96,8 @@ def compile_ahead(deck: Path, submissions: Path, out: Path, only: tuple[str, ...
         raise UsageError("compile-ahead runs candidate code in the grader's bubblewrap sandbox, and no usable "
                          "bubblewrap was found (install it, e.g. `apt-get install bubblewrap`)") from None
     done: list[Ahead] = []
-    with tempfile.TemporaryDirectory(prefix="kernelboard-ahead-") as tmp, _cache_root(Path(tmp) / "cache"):
+    with tempfile.TemporaryDirectory(prefix="kernelboard-ahead-") as tmp, \
+            _environment(KERNELBOARD_CACHE=str(Path(tmp) / "cache"), TORCH_CUDA_ARCH_LIST=arch):
         scratch = Path(tmp)
         with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
             futures = {pool.submit(_compile_one, s, problems[s.problem].folder.resolve(), scratch, arch, limit_s,

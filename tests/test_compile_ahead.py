@@ -6,10 +6,13 @@ the grader's cache root holds them."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import tarfile
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from kernelboard.cli import main as cli
@@ -32,7 +35,9 @@ def _unused(x):
 REFERENCE = "from reference import Model, get_inputs, get_init_inputs  # noqa: F401\n"
 
 
-def test_only_triton_caches_travel_under_each_solutions_hash(tmp_path: Path) -> None:
+def test_only_triton_caches_travel_under_each_solutions_hash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "12.0")  # this shell's own: --arch wins, and is restored after
+    cache_root = os.environ.get("KERNELBOARD_CACHE")
     subs = tmp_path / "subs"
     shutil.copytree(PUBLISHED, subs / PUBLISHED.name)
     for name, source in (("b_builds_at_import", BUILDS_AT_IMPORT), ("c_reference", REFERENCE)):
@@ -48,8 +53,12 @@ def test_only_triton_caches_travel_under_each_solutions_hash(tmp_path: Path) -> 
     assert "not built here" in result.output  # the extension's build was refused, and said so
     with tarfile.open(out) as tar:
         names = tar.getnames()
+        metadata = [json.load(tar.extractfile(n)) for n in names  # type: ignore[arg-type]
+                    if n.endswith(".json") and not n.split("/")[-1].startswith("__grp__")]
     sha = {s.run_id: s.solution_sha256() for s in discover(subs)[0]}
     assert {n.split("/")[0] for n in names} == {sha[PUBLISHED.name]}  # nothing of the other two
     assert all(n.split("/")[1] == "triton" for n in names)
     assert sum(n.endswith(".cubin") for n in names) >= 3, names
+    assert metadata and {m["target"]["arch"] for m in metadata} == {90}
     assert not list(out.parent.glob(".*.part"))
+    assert os.environ["TORCH_CUDA_ARCH_LIST"] == "12.0" and os.environ.get("KERNELBOARD_CACHE") == cache_root
