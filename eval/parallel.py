@@ -4,8 +4,12 @@ Each child sees one device (`CUDA_VISIBLE_DEVICES`) and writes to its own folder
 seeded with a copy of `--out` so `--resume` and cached baselines work as in one process; when the
 children of a phase have ended, each folder is merged into `--out` (`eval/merge.py`: the later
 measurement wins) and removed.
-What a failed child finished is merged too, and its folder kept for its log (`eval.log`). A folder
-left by an interrupted run is merged first, so nothing a child finished is lost. Two phases:
+What a failed child finished is merged too, and its folder kept for its log (`eval.log`). Interrupted
+(SIGINT: a GPU call's deadline, Ctrl-C), the parent interrupts each child once (children run in
+sessions of their own, so a terminal's Ctrl-C reaches them only so), waits for them to record the run
+each was cut off in (`interrupted.py`), and merges their folders before it stops: a GPU session packs
+--out, not the children's folders. A folder left by a run killed outright is merged by the next one.
+Two phases:
 
 1. Baselines, once per GPU model. The parent probes every device (a short torch process each, as
    `kernelboard eval` does) and, per model, lists the problems of the runs to grade whose baselines
@@ -27,9 +31,11 @@ left by an interrupted run is merged first, so nothing a child finished is lost.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -190,16 +196,45 @@ def _start(opts: EvalOptions, device: str, out: Path, run_ids: list[str], what: 
     log = (out / "eval.log").open("w")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": device}
     proc = subprocess.Popen(_child_args(opts, out, run_ids), stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, env=env)
+                            stdin=subprocess.DEVNULL, env=env,
+                            start_new_session=True)  # an interrupt reaches it once, from us (`_interrupt`)
     return device, what, out, proc, log
 
 
 def _finish(opts: EvalOptions, children: list[Child], waiting: str) -> list[str]:
-    """Wait for the children, merge what each finished into --out; one line per failed child."""
+    """Wait for the children, merge what each finished into --out; one line per failed child. Interrupted
+    (a GPU call's deadline, Ctrl-C), it interrupts them, merges what they finished and their records of
+    the runs they were cut off in (`interrupted.py`), then raises: nothing graded is left behind."""
+    try:
+        with _console.status(waiting):
+            while any(proc.poll() is None for *_, proc, _ in children):
+                time.sleep(1.0)
+    except KeyboardInterrupt:
+        _interrupt(children)
+        _merge_children(opts, children)
+        raise
+    return _merge_children(opts, children)
+
+
+def _interrupt(children: list[Child], grace_s: float = 60.0) -> None:
+    """SIGINT each running child (it records the run it grades and stops it), then wait for them up to
+    `grace_s` in all; one still running after that is killed."""
+    running = [proc for *_, proc, _ in children if proc.poll() is None]
+    _console.print(f"interrupted: stopping {_plural(len(running), 'grader')} and merging what they finished …")
+    for proc in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGINT)
+    deadline = time.monotonic() + grace_s
+    for proc in running:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _merge_children(opts: EvalOptions, children: list[Child]) -> list[str]:
     failed = []
-    with _console.status(waiting):
-        while any(proc.poll() is None for *_, proc, _ in children):
-            time.sleep(1.0)
     for device, what, out, proc, log in children:
         log.close()
         if has_tables(out):  # what a failed child finished counts too

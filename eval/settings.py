@@ -216,7 +216,8 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: no GPU (eval/triton_compile_only.py: launches compile, none runs), and each grading's log counts the
 #: kernels built while it ran, apart from those found built: no check or figure changes.
 #: 0.5.6 records a run a batch was cut off in (<out>/<gpu>/interrupted.json, eval/interrupted.py) and grades
-#: such runs after every other in the next batch: scheduling only, no check or figure changes. Its prebuild
+#: such runs after every other in the next batch (with --gpus too: an interrupted parent stops its children
+#: and merges what they finished): scheduling only, no check or figure changes. Its prebuild
 #: can refuse torch's extension builds (`kernelboard eval compile-ahead`, eval/ahead.py: Triton kernels
 #: compiled on another CPU host, carried into the grader's caches).
 RESULTS_COMPARABLE_SINCE = "0.4.4"

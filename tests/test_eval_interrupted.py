@@ -144,3 +144,41 @@ def test_the_next_batch_grades_it_last_and_forgets_it_once_graded(cut_off: Path,
     statuses = {r["run_id"]: r["status"] for r in read_table(table_path(results, GPU, "results"),
                                                               "results").to_pylist()}
     assert statuses == {"b_honest": "pass", "a_stalls": "timeout"}
+
+
+@pytest.mark.slow  # `kernelboard eval --gpus` end to end, cut off
+def test_a_parallel_batch_cut_off_merges_what_its_children_finished(tmp_path: Path,
+                                                                  measured_baselines: MeasuredBaselines) -> None:
+    """`--gpus a,b`: one child grades an honest run, the other stalls. SIGINT to the grader (as a GPU
+    call's deadline sends it) reaches each child once; --out gets the finished row and the record of the
+    stalled run, where before they stayed in the children's folders, which a GPU session never packed."""
+    for name, source in (("a_stalls", STALLS), ("b_honest", HONEST)):
+        folder = tmp_path / "subs" / name
+        folder.mkdir(parents=True)
+        (folder / "solution.py").write_text(source)
+        (folder / "run.yaml").write_text(f"problem: {PROBLEM}\nmodel: test-{name}\nharness: pytest\n"
+                                         "agent_outcome: completed\n")
+    out = tmp_path / "results"
+    measured_baselines.copy_into(out, [PROBLEM], rep_ms=20.0)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kernelboard.cli", "eval", "--device", "cpu", "--gpus", "a,b", "--deck", str(DECK),
+         "--submissions", str(tmp_path / "subs"), "--out", str(out), "--timeout", "300"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 300
+
+    def reached() -> bool:
+        logs = [p.read_text() for p in tmp_path.glob(f".{out.name}.gpu*/{GPU}/logs/a_stalls.log")]
+        finished = [p for p in tmp_path.glob(f".{out.name}.gpu*/{GPU}/results.parquet")
+                    if "b_honest" in {r["run_id"] for r in read_table(p, "results").to_pylist()}]
+        return any("Model built" in text for text in logs) and bool(finished)
+
+    while not reached() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    time.sleep(2.0)
+    os.kill(proc.pid, signal.SIGINT)
+    said = proc.communicate(timeout=120)[0].decode(errors="replace")
+    assert proc.returncode != 0 and "stopping 1 grader" in said, said[-3000:]
+    statuses = {r["run_id"]: r["status"] for r in read_table(table_path(out, GPU, "results"), "results").to_pylist()}
+    assert statuses == {"b_honest": "pass"}, said[-3000:]  # on the CPU the re-exported reference passes
+    records, _ = read_records(out, GPU)
+    assert list(records) == ["a_stalls"] and records["a_stalls"].phase != "its prebuild", said[-3000:]
