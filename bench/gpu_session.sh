@@ -16,7 +16,8 @@
 #               many of them it found built, and 0 built while grading where their cache keys matched
 # Results are packed into $OUT (default ./gpu-session-out) every 30 s, so a call cut short still
 # returns what finished: res.tgz is a results folder, SEED for the next call and `eval merge`'s source.
-# DEADLINE: seconds after the start at which gradings are interrupted (SIGINT: finished rows stay).
+# DEADLINE: seconds after the start at which gradings are interrupted (SIGINT: finished rows stay, the run cut
+# off is recorded; with --gpus the children stop and merge within seconds, at most 60).
 # WORK: the scratch folder (default /tmp/work); give each of two sessions in one call its own.
 set -u
 T0=$(date +%s)
