@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from grading import MeasuredBaselines
+from grading import MeasuredBaselines, write_submission
 
 from kernelboard.eval.interrupted import (
     Interruption,
@@ -89,17 +89,18 @@ def test_an_unreadable_record_file_is_named_and_ignored(tmp_path: Path) -> None:
     assert not path.exists()
 
 
+def _write_stalled_and_honest(subs: Path) -> None:
+    """a_stalls (its forward never returns) and b_honest (the reference), run ids in that order."""
+    for name, source in (("a_stalls", STALLS), ("b_honest", HONEST)):
+        write_submission(subs / name, PROBLEM, source)
+
+
 @pytest.fixture(scope="module")
 def cut_off(tmp_path_factory: pytest.TempPathFactory, measured_baselines: MeasuredBaselines) -> Path:
     """A real batch (`kernelboard eval --device cpu`) of a_stalls (its forward never returns) and
     b_honest, SIGINTed while it grades a_stalls, which sorts first."""
     root = tmp_path_factory.mktemp("interrupted")
-    for name, source in (("a_stalls", STALLS), ("b_honest", HONEST)):
-        folder = root / "submissions" / name
-        folder.mkdir(parents=True)
-        (folder / "solution.py").write_text(source)
-        (folder / "run.yaml").write_text(f"problem: {PROBLEM}\nmodel: test-{name}\nharness: pytest\n"
-                                         "agent_outcome: completed\n")
+    _write_stalled_and_honest(root / "submissions")
     measured_baselines.copy_into(root / "results", [PROBLEM], rep_ms=20.0)
     proc = subprocess.Popen(
         [sys.executable, "-c", "from kernelboard.cli import main; main()", "eval", "--deck", str(DECK),
@@ -152,12 +153,7 @@ def test_a_parallel_batch_cut_off_merges_what_its_children_finished(tmp_path: Pa
     """`--gpus a,b`: one child grades an honest run, the other stalls. SIGINT to the grader (as a GPU
     call's deadline sends it) reaches each child once; --out gets the finished row and the record of the
     stalled run, where before they stayed in the children's folders, which a GPU session never packed."""
-    for name, source in (("a_stalls", STALLS), ("b_honest", HONEST)):
-        folder = tmp_path / "subs" / name
-        folder.mkdir(parents=True)
-        (folder / "solution.py").write_text(source)
-        (folder / "run.yaml").write_text(f"problem: {PROBLEM}\nmodel: test-{name}\nharness: pytest\n"
-                                         "agent_outcome: completed\n")
+    _write_stalled_and_honest(tmp_path / "subs")
     out = tmp_path / "results"
     measured_baselines.copy_into(out, [PROBLEM], rep_ms=20.0)
     proc = subprocess.Popen(
