@@ -20,7 +20,6 @@ import concurrent.futures
 import fnmatch
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from kernelboard.eval.deck import load_deck
 from kernelboard.eval.jail import make_jail, problem_copy, problem_root, start
 from kernelboard.eval.settings import PREBUILD_WARM_CALL_S
 from kernelboard.eval.submission import Submission, discover
+from kernelboard.eval.triton_compile_only import Compiled
 
 # Runs the prebuild with torch's two JIT build entry points replaced by a probe.
 PROBE = """
@@ -48,8 +48,6 @@ from kernelboard.eval.prebuild import main
 sys.exit(main(sys.argv[1:]))
 """
 
-# The warm call's Triton line (triton_compile_only.Compiled.summary).
-COMPILED = re.compile(r"(\d+) Triton kernel variants compiled in ([\d.]+) s")
 
 
 def reach(sub: Submission, problem_dir: Path, scratch: Path, jail: object) -> tuple[str, str, list[float]]:
@@ -76,7 +74,7 @@ def reach(sub: Submission, problem_dir: Path, scratch: Path, jail: object) -> tu
     last = ends[0] if ends else next((line for line in reversed(lines) if line.startswith("[prebuild]")),
                                      lines[-1] if lines else "")
     triton = next(([float(m[1]), float(m[2])] for line in lines
-                   if (m := COMPILED.search(line)) is not None), [0.0, 0.0])
+                   if (m := Compiled.SUMMARY.search(line)) is not None), [0.0, 0.0])
     if "[probe] build reached" in lines:
         at = lines.index("[probe] build reached")
         imported = next((i for i, line in enumerate(lines) if line.startswith("[prebuild] imported")), len(lines))

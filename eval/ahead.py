@@ -38,12 +38,10 @@ from kernelboard.errors import UsageError
 
 from .deck import load_deck
 from .jail import Jail, make_jail
-from .sandbox import built_kernels, cache_dir, finish_prebuild, start_prebuild
-from .schedule import EvalOptions, select_submissions
+from .sandbox import built_kernels, cache_dir, finish_prebuild
+from .schedule import EvalOptions, prebuild_copy, select_submissions
 from .submission import Submission
-
-#: A prebuild's line that says what its warm call compiled (`triton_compile_only.Compiled.summary`).
-_SUMMARY = re.compile(r"\[prebuild\] warm call: (\d+) Triton kernel variants? compiled in ([\d.]+) s.*")
+from .triton_compile_only import Compiled
 
 
 @dataclass(frozen=True)
@@ -51,8 +49,9 @@ class Ahead:
     """What compiling one submission ahead gave: the variants in its cache, and its prebuild's own words."""
 
     run_id: str
+    cache_key: str
     variants: int
-    seconds: float
+    seconds: float  # its prebuild's wall time
     said: str
 
 
@@ -105,30 +104,25 @@ def compile_ahead(deck: Path, submissions: Path, out: Path, only: tuple[str, ...
             for future in concurrent.futures.as_completed(futures):
                 ahead = future.result()
                 done.append(ahead)
-                console.print(f"  {ahead.run_id}: {ahead.variants} variants in its cache — {ahead.said}",
-                              markup=False, highlight=False)
-        keys = {s.run_id: s.solution_sha256() or s.run_id for s in subs}
-        _write_archive(out, [cache_dir(keys[a.run_id]) for a in sorted(done, key=lambda a: a.run_id) if a.variants])
+                console.print(f"  {ahead.run_id}: {ahead.variants} variants in its cache after {ahead.seconds:.0f} s "
+                              f"— {ahead.said}", markup=False, highlight=False)
+        _write_archive(out, [cache_dir(a.cache_key) for a in sorted(done, key=lambda a: a.run_id) if a.variants])
     total = sum(a.variants for a in done)
     console.print(f"{total} Triton kernel variants of {sum(1 for a in done if a.variants)} submissions → {out}")
     return sorted(done, key=lambda a: a.run_id)
 
 
 def _compile_one(sub: Submission, problem_dir: Path, scratch: Path, arch: str, limit_s: float, cell: Jail) -> Ahead:
-    folder = scratch / sub.run_id
-    shutil.copytree(sub.folder, folder, ignore=shutil.ignore_patterns("run.yaml", "__pycache__"))
-    log = scratch / "logs" / f"{sub.run_id}.prebuild.log"
-    key = sub.solution_sha256() or sub.run_id
-    prebuild = start_prebuild(problem_dir, folder, log, key, arch, cell, limit_s, extensions=False)
-    seconds = finish_prebuild(prebuild, limit_s + 60)
-    text = log.read_text(errors="replace")
-    summary = next((m[0] for m in _SUMMARY.finditer(text)), None)
-    last = [line for line in text.splitlines() if line.startswith("[prebuild]")]
-    said = summary or (last[-1] if last else "no prebuild line")
+    logs, key = scratch / "logs", sub.cache_key()
+    seconds = finish_prebuild(prebuild_copy(sub, problem_dir, scratch, logs, arch, cell, limit_s, extensions=False),
+                              limit_s + 60)
+    said = [line for line in (logs / f"{sub.run_id}.prebuild.log").read_text(errors="replace").splitlines()
+            if line.startswith("[prebuild]")]
+    summary = next((line for line in said if Compiled.SUMMARY.search(line)), None)
     for other in ("torch_extensions", "cuda"):  # never carried: built against this host's torch, if at all
         shutil.rmtree(cache_dir(key) / other, ignore_errors=True)
     cubins, _ = built_kernels(key)
-    return Ahead(sub.run_id, len(cubins), round(seconds, 1), said)
+    return Ahead(sub.run_id, key, len(cubins), round(seconds, 1), summary or (said[-1] if said else "no prebuild line"))
 
 
 def _write_archive(out: Path, caches: list[Path]) -> None:

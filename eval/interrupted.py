@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -98,16 +98,13 @@ def merged_records(ours: dict[str, Interruption], theirs: dict[str, Interruption
     return out
 
 
-def graded_last(items: Sequence[T], run_id_of: Iterable[str], records: dict[str, Interruption],
-                sha_of: Iterable[str]) -> list[T]:
-    """`items` with those whose run (same solution) was interrupted before moved behind the rest, least
-    seconds run first; the others keep their order."""
-    keyed = list(zip(items, run_id_of, sha_of, strict=True))
-    fresh = [item for item, run_id, sha in keyed if not _known(records, run_id, sha)]
-    late = [(records[run_id].seconds, n, item) for n, (item, run_id, sha) in enumerate(keyed)
-            if _known(records, run_id, sha)]
-    return fresh + [item for _, _, item in sorted(late, key=lambda t: (t[0], t[1]))]
+def held_back(records: dict[str, Interruption], run_id: str, solution_sha256: str | None) -> Interruption | None:
+    """The record of `run_id`'s interruptions, if it is of this solution (a changed one starts afresh)."""
+    record = records.get(run_id)
+    return record if record is not None and record.solution_sha256 == solution_sha256 else None
 
 
-def _known(records: dict[str, Interruption], run_id: str, sha: str) -> bool:
-    return run_id in records and records[run_id].solution_sha256 == sha
+def graded_last(items: Sequence[T], held: Callable[[T], Interruption | None]) -> list[T]:
+    """`items` with those `held` finds a record for moved behind the rest, least seconds run first; the
+    others keep their order."""
+    return sorted(items, key=lambda item: (False, 0.0) if (r := held(item)) is None else (True, r.seconds))

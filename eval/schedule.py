@@ -42,7 +42,15 @@ from kernelboard.errors import SubmissionError, UsageError
 from .cutlass_headers import find_cutlass
 from .deck import Problem, load_deck
 from .hardware import GPUS, GpuSpec, gpu_key
-from .interrupted import Interruption, add_interruption, graded_last, read_records, without_graded, write_records
+from .interrupted import (
+    Interruption,
+    add_interruption,
+    graded_last,
+    held_back,
+    read_records,
+    without_graded,
+    write_records,
+)
 from .jail import Jail, make_jail
 from .job import Job
 from .reproducible import classify
@@ -250,7 +258,7 @@ def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem:
         job = Job(kind="grade", problem_path=problem.folder.resolve(), device=opts.device, solution_dir=workdir,
                   base_seed=secrets.randbits(31), rep_ms=opts.rep_ms, jail=cell or jail_for(opts))
         log = opts.out / gpu / "logs" / f"{sub.run_id}.log"
-        res = run_worker(job, workdir, log, opts.timeout_s, sub.solution_sha256() or sub.run_id,
+        res = run_worker(job, workdir, log, opts.timeout_s, sub.cache_key(),
                          opts.phase_timeouts, env.get("capability"), on_phase)
         result = res.result
         common["graded_at"] = _now()  # the end of grading, not its start
@@ -307,11 +315,18 @@ def _gradeable(opts: EvalOptions, problem: Problem | None, sub: Submission) -> b
 
 def _prebuild(opts: EvalOptions, gpu: str, problem: Problem, sub: Submission, env: dict[str, Any],
               scratch: Path, cell: Jail) -> Prebuild:
+    return prebuild_copy(sub, problem.folder.resolve(), scratch, opts.out / gpu / "logs", env.get("capability"),
+                         cell, PREBUILD_WARM_CALL_S)
+
+
+def prebuild_copy(sub: Submission, problem_dir: Path, scratch: Path, logs: Path, arch: str | None, cell: Jail,
+                  warm_call_s: float, extensions: bool = True) -> Prebuild:
+    """Start the prebuild of a scratch copy of `sub` (its run.yaml and caches left out), into its own
+    compile caches (`Submission.cache_key`), logged to `logs/<run_id>.prebuild.log`."""
     folder = scratch / f"{sub.run_id}.prebuild"
     shutil.copytree(sub.folder, folder, ignore=shutil.ignore_patterns("run.yaml", "__pycache__"))
-    log = opts.out / gpu / "logs" / f"{sub.run_id}.prebuild.log"
-    return start_prebuild(problem.folder.resolve(), folder, log, sub.solution_sha256() or sub.run_id,
-                          env.get("capability"), cell, PREBUILD_WARM_CALL_S)
+    return start_prebuild(problem_dir, folder, logs / f"{sub.run_id}.prebuild.log", sub.cache_key(), arch, cell,
+                          warm_call_s, extensions)
 
 
 def jail_for(opts: EvalOptions) -> Jail:
@@ -416,11 +431,11 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
             else:
                 queue.append((sub, deck.get(sub.problem)))
         interruptions = _interruptions(opts.out, gpu, progress.console)
-        queue = graded_last(queue, [s.run_id for s, _ in queue], interruptions,
-                            [s.solution_sha256() for s, _ in queue])
-        for sub, _ in queue:
-            if (known := interruptions.get(sub.run_id)) and known.solution_sha256 == sub.solution_sha256():
-                progress.console.print(f"  {sub.run_id}: {known.summary()} in earlier batches: graded last")
+        held = {sub.run_id: record for sub, _ in queue
+                if (record := held_back(interruptions, sub.run_id, sub.solution_sha256())) is not None}
+        queue = graded_last(queue, lambda item: held.get(item[0].run_id))
+        for run_id, record in held.items():
+            progress.console.print(f"  {run_id}: {record.summary()} in earlier batches: graded last")
         gradeable = [sub.run_id for sub, problem in queue if _gradeable(opts, problem, sub)]
         prebuilds: dict[str, Prebuild] = {}
         baselines: dict[str, dict[int, dict[str, Any]]] = {}
@@ -450,8 +465,8 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
                                                  time.monotonic() - started, phases[-1], _now().isoformat())
                 write_records(opts.out, gpu, interruptions)
                 raise
-            if sub.run_id in interruptions:  # graded whole now
-                interruptions = without_graded(interruptions, {sub.run_id: sub.solution_sha256()})
+            if sub.run_id in held:  # graded whole now
+                interruptions = without_graded(interruptions, {sub.run_id: held[sub.run_id].solution_sha256})
                 write_records(opts.out, gpu, interruptions)
             score = f" {row['speedup_vs_compile']:.2f}× vs compile" if row["speedup_vs_compile"] else ""
             progress.console.print(f"  {sub.run_id}: {row['status']}{score} — {row['message']}")

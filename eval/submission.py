@@ -97,6 +97,11 @@ class Submission:
             digest.update(path.read_bytes() + b"\0")
         return digest.hexdigest()
 
+    def cache_key(self) -> str:
+        """The name of its compile caches (`sandbox.cache_dir`): its solution's hash, so every grading and
+        prebuild of the same files, on any host, shares them."""
+        return self.solution_sha256() or self.run_id
+
     def run_row(self, bench: str) -> dict[str, Any]:
         """This submission as a row of the runs table."""
         m = self.meta

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -40,6 +41,9 @@ class Compiled:
     repeats: int = 0
     seconds: float = 0.0
     failed: list[str] = dataclasses.field(default_factory=list)
+
+    #: `summary()` as read back from a log: (variants, seconds).
+    SUMMARY = re.compile(r"(\d+) Triton kernel variants compiled in ([\d.]+) s")
 
     def summary(self) -> str:
         failed = f", {len(self.failed)} failed ({self.failed[0]})" if self.failed else ""

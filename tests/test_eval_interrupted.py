@@ -22,6 +22,7 @@ from kernelboard.eval.interrupted import (
     Interruption,
     add_interruption,
     graded_last,
+    held_back,
     merged_records,
     read_records,
     records_path,
@@ -54,10 +55,11 @@ def _record(sha: str = "s1", times: int = 1, seconds: float = 10.0) -> Interrupt
 
 
 def test_interrupted_runs_go_last_least_run_first_and_the_rest_keep_their_order() -> None:
-    records = {"a": _record(seconds=500.0), "c": _record(seconds=20.0), "e": _record(sha="old")}
-    items = ["a", "b", "c", "d", "e"]
-    shas = ["s1", "s1", "s1", "s1", "s1"]  # e's solution changed since its record: not held back
-    assert graded_last(items, items, records, shas) == ["b", "d", "e", "c", "a"]
+    records = {"a": _record(seconds=500.0), "c": _record(seconds=20.0), "e": _record(sha="old"),
+               "f": _record(seconds=20.0)}
+    items = ["a", "b", "c", "d", "e", "f"]  # every solution "s1": e's changed since its record, not held back
+    assert held_back(records, "e", "s1") is None and held_back(records, "a", "s1") == records["a"]
+    assert graded_last(items, lambda run_id: held_back(records, run_id, "s1")) == ["b", "d", "e", "c", "f", "a"]
 
 
 def test_a_record_counts_interruptions_of_one_solution_and_restarts_for_a_new_one() -> None:
