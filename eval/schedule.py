@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,18 +143,16 @@ def baselines_todo(opts: EvalOptions, problem: Problem, cached: dict[int, dict[s
             for s in problem.shapes_for(opts.device)}
 
 
-def ensure_baselines(opts: EvalOptions, gpu: str, problem: Problem, env: dict[str, Any], scratch: Path,
-                     before_measuring: Callable[[], None] | None = None) -> dict[int, dict[str, Any]]:
-    """Eager and torch.compile times for every shape, measured once per device and software;
-    `before_measuring` is called first when any must be measured (the batch lets its builds finish)."""
+def ensure_baselines(opts: EvalOptions, gpu: str, problem: Problem, env: dict[str, Any],
+                     scratch: Path) -> dict[int, dict[str, Any]]:
+    """Eager and torch.compile times for every shape, measured once per device and software (a batch
+    measures them before it starts any build: `run_eval`)."""
     shapes = problem.shapes_for(opts.device)
     variants = baseline_variants(opts, problem)
     cached = {} if opts.regrade else _cached_baselines(opts.out, gpu, problem, env)
     todo = baselines_todo(opts, problem, cached)
     if not any(todo.values()):
         return cached
-    if before_measuring is not None:
-        before_measuring()
     _console.print(f"measuring baselines for {problem.name} on {env['device_name']} …")
     workdir = scratch / f"baselines-{problem.name}"
     workdir.mkdir()
@@ -385,10 +383,13 @@ def _entry_name(folder: Path, line: str) -> str:
 def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
     """Grade every selected submission; returns the result rows written.
 
-    While the GPU grades one submission, the next ones' extensions compile on the CPU (`--prebuild`, on
-    by default for CUDA; `prebuild_depth` of them at once): their workers then find them in the shared
-    cache. A CUDA extension's build (torch's headers through nvcc) took 50–60 s on the H200's host
-    against 14 s of grading, so with one build ahead the GPU waited out most of each build.
+    Every problem's baselines are measured first, on a quiet host. Then, while the GPU grades one
+    submission, the next ones' extensions compile on the CPU (`--prebuild`, on by default for CUDA;
+    `prebuild_depth` of them at once, the first submission's too): their workers then find them in the
+    shared cache. A CUDA extension's build (torch's headers through nvcc) took 50–60 s on the H200's
+    host against 14 s of grading, so with one build ahead the GPU waited out most of each build. The
+    GPU takes the first submission in queue order whose build has ended (`next_to_grade`), so a slow
+    build delays only its own submission.
     """
     deck = load_deck(opts.deck)
     subs = select_submissions(opts, set(deck))
@@ -436,44 +437,58 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
         queue = graded_last(queue, lambda item: held.get(item[0].run_id))
         for run_id, record in held.items():
             progress.console.print(f"  {run_id}: {record.summary()} in earlier batches: graded last")
-        gradeable = [sub.run_id for sub, problem in queue if _gradeable(opts, problem, sub)]
-        prebuilds: dict[str, Prebuild] = {}
-        baselines: dict[str, dict[int, dict[str, Any]]] = {}
+        gradeable = {sub.run_id for sub, problem in queue if _gradeable(opts, problem, sub)}
+        baselines = {}  # every problem's, before any build loads the host: eager lines are host-bound
         for sub, problem in queue:
-            progress.update(task, description=f"grading {sub.run_id}")
             if sub.run_id in gradeable and problem is not None and problem.name not in baselines:
-                baselines[problem.name] = ensure_baselines(  # timed with no build of ours loading the host
-                    opts, gpu, problem, env, scratch,
-                    functools.partial(_let_builds_finish, prebuilds, opts.build_timeout_s))
-            phases = ["its prebuild"]  # the phases it reached, for the record of an interruption
-            started = time.monotonic()
-            try:
-                prebuild_s = 0.0
-                if sub.run_id in gradeable and problem is not None:
-                    at = gradeable.index(sub.run_id)
-                    for ahead in gradeable[at + 1:at + 1 + depth]:  # never one already graded: they lie behind
-                        if ahead not in prebuilds:
-                            nsub, nproblem = next((s, p) for s, p in queue if s.run_id == ahead)
-                            prebuilds[ahead] = _prebuild(opts, gpu, nproblem, nsub, env, scratch, cell)  # type: ignore[arg-type]
-                    if sub.run_id in prebuilds:
-                        prebuild_s = finish_prebuild(prebuilds.pop(sub.run_id), opts.build_timeout_s)
-                row = grade_submission(opts, gpu, spec, problem, sub, env, baselines.get(sub.problem, {}), scratch,
-                                       driver, functools.partial(_show_phase, progress, task, sub.run_id, phases),
-                                       cell, prebuild_s)
-            except KeyboardInterrupt:  # cut off (a GPU call's deadline, Ctrl-C): the next batch grades it last
-                interruptions = add_interruption(_interruptions(opts.out, gpu), sub.run_id, sub.solution_sha256(),
-                                                 time.monotonic() - started, phases[-1], _now().isoformat())
-                write_records(opts.out, gpu, interruptions)
-                raise
-            if sub.run_id in held:  # graded whole now
-                interruptions = without_graded(interruptions, {sub.run_id: held[sub.run_id].solution_sha256})
-                write_records(opts.out, gpu, interruptions)
-            score = f" {row['speedup_vs_compile']:.2f}× vs compile" if row["speedup_vs_compile"] else ""
-            progress.console.print(f"  {sub.run_id}: {row['status']}{score} — {row['message']}")
-            rows.append(row)
-            progress.advance(task)
-        for left in prebuilds.values():
-            finish_prebuild(left, 0)
+                progress.update(task, description=f"baselines of {problem.name}")
+                baselines[problem.name] = ensure_baselines(opts, gpu, problem, env, scratch)
+        pending = list(queue)
+        prebuilds: dict[str, Prebuild] = {}
+        try:
+            def start_builds() -> None:  # for the first `depth` runs still to grade: `depth` builds at most
+                for nsub, nproblem in [item for item in pending if item[0].run_id in gradeable][:depth]:
+                    if nsub.run_id not in prebuilds:
+                        prebuilds[nsub.run_id] = _prebuild(opts, gpu, nproblem, nsub, env, scratch, cell)  # type: ignore[arg-type]
+
+            while pending:
+                start_builds()
+                at = next_to_grade([s.run_id for s, _ in pending], prebuilds, held, opts.build_timeout_s,
+                                   needs_build=lambda run_id: depth > 0 and run_id in gradeable)
+                if at is None:  # every run that may go next is still building
+                    progress.update(task, description=f"waiting for {', '.join(prebuilds)} to build")
+                    time.sleep(0.25)
+                    continue
+                sub, problem = pending.pop(at)
+                start_builds()  # the next one's, while this one grades
+                if at:
+                    progress.console.print(f"  {sub.run_id}: graded ahead of {pending[0][0].run_id}, whose build "
+                                           f"is still running")
+                phases = ["its prebuild"]  # the phases it reached, for the record of an interruption
+                started = time.monotonic()
+                try:
+                    build = prebuilds.pop(sub.run_id, None)
+                    prebuild_s = finish_prebuild(build, opts.build_timeout_s) if build is not None else 0.0
+                    row = grade_submission(opts, gpu, spec, problem, sub, env, baselines.get(sub.problem, {}),
+                                           scratch, driver,
+                                           functools.partial(_show_phase, progress, task, sub.run_id, phases),
+                                           cell, prebuild_s)
+                except KeyboardInterrupt:  # cut off (a GPU call's deadline, Ctrl-C): the next batch grades it last
+                    interruptions = add_interruption(_interruptions(opts.out, gpu), sub.run_id,
+                                                     sub.solution_sha256(), time.monotonic() - started, phases[-1],
+                                                     _now().isoformat())
+                    write_records(opts.out, gpu, interruptions)
+                    raise
+                if sub.run_id in held:  # graded whole now
+                    interruptions = without_graded(interruptions, {sub.run_id: held[sub.run_id].solution_sha256})
+                    write_records(opts.out, gpu, interruptions)
+                score = f" {row['speedup_vs_compile']:.2f}× vs compile" if row["speedup_vs_compile"] else ""
+                progress.console.print(f"  {sub.run_id}: {row['status']}{score} — {row['message']}")
+                rows.append(row)
+                progress.advance(task)
+        finally:
+            for left in prebuilds.values():
+                finish_prebuild(left, 0)
     if rows:
         _console.print(summary_table(rows))
     return rows
@@ -488,17 +503,23 @@ def _interruptions(out: Path, gpu: str, console: Console | None = None) -> dict[
     return records
 
 
-def _let_builds_finish(prebuilds: dict[str, Prebuild], timeout_s: float) -> None:
-    """Wait (up to `timeout_s` in all) for the running builds to end, and keep them: a problem's baselines
-    are about to be timed, and its eager lines are host-bound, as sensitive as any to a loaded CPU."""
-    running = [p for p in prebuilds.values() if p.proc.poll() is None]
-    if running:
-        _console.print(f"  waiting for {len(running)} build{'s' if len(running) > 1 else ''} to finish before the "
-                       f"baselines are timed …")
-    deadline = time.monotonic() + timeout_s
-    for p in running:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            p.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+def next_to_grade(pending: list[str], prebuilds: dict[str, Prebuild], held: Container[str], build_timeout_s: float,
+                  needs_build: Callable[[str], bool]) -> int | None:
+    """Where in `pending` (queue order) the run the GPU grades next is: the first whose prebuild has
+    ended (or outlived `build_timeout_s`, to be cut off) or that needs none; None while every run that
+    may go next is still building. A run with a slow build (CUTLASS: minutes) so waits behind the
+    ones whose builds ended, never the GPU behind it. Runs held back (interrupted in earlier batches)
+    go only once they are first: they are the ones that may fill a call."""
+    for at, run_id in enumerate(pending):
+        if run_id in held:
+            return 0 if at == 0 else None
+        build = prebuilds.get(run_id)
+        if build is not None:
+            if build.proc.poll() is not None or time.monotonic() - build.started > build_timeout_s:
+                return at
+        elif not needs_build(run_id):
+            return at
+    return None
 
 
 def prebuild_depth(cpus: int | None) -> int:

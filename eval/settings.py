@@ -220,6 +220,9 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: and merges what they finished): scheduling only, no check or figure changes. Its prebuild
 #: can refuse torch's extension builds (`kernelboard eval compile-ahead`, eval/ahead.py: Triton kernels
 #: compiled on another CPU host, carried into the grader's caches).
+#: 0.5.7 measures every problem's baselines before any build starts, builds the first run ahead too, and has
+#: the GPU take the first run whose build has ended (schedule.next_to_grade): scheduling only, no check or
+#: figure changes.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 

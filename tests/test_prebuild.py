@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -48,7 +51,7 @@ def test_prebuild_compiles_the_next_solution_while_the_current_one_grades(
     assert "BUILT" in (logs / "b_slow_build.prebuild.log").read_text()
     assert "[prebuild] imported" in (logs / "b_slow_build.prebuild.log").read_text()
     assert "BUILD CACHE HIT" in (logs / "b_slow_build.log").read_text()
-    assert not (logs / "a_plain.prebuild.log").exists()  # the first one has nothing to overlap with
+    assert "[prebuild] imported" in (logs / "a_plain.prebuild.log").read_text()  # the first one is built ahead too
 
 
 
@@ -100,41 +103,90 @@ from reference import Model, get_inputs, get_init_inputs  # noqa: F401
 """
 
 
-def test_a_problems_baselines_are_timed_after_the_running_builds_end(
+def test_every_problems_baselines_are_timed_before_any_build_starts(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, measured_baselines: MeasuredBaselines) -> None:
-    """Two 03 submissions, then a 01 one whose build (started two ahead, while the first graded) is still
-    running when 01's baselines are due: they are timed only once it has ended (eager lines are host-bound)."""
+    """Two 03 submissions, then a 01 one: 01's baselines (eager lines are host-bound) are timed before any
+    build loads the host, not when the batch reaches 01 with builds running."""
     from kernelboard.eval import schedule
 
     monkeypatch.setenv("KERNELBOARD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(schedule, "prebuild_depth", lambda cpus: 2)
     subs, out = tmp_path / "subs", tmp_path / "out"
     plain = "from reference import Model, get_inputs, get_init_inputs  # noqa: F401\n"
-    for name, problem, source in (("a_plain", "03_paged_attention", plain), ("b_plain", "03_paged_attention", plain),
-                                  ("c_gated", "01_fp8_gemm", GATED_BUILD)):
+    for name, problem in (("a_plain", "03_paged_attention"), ("b_plain", "03_paged_attention"),
+                          ("c_plain", "01_fp8_gemm")):
         (subs / name).mkdir(parents=True)
-        (subs / name / "solution.py").write_text(source)
+        (subs / name / "solution.py").write_text(plain)
         (subs / name / "run.yaml").write_text(f"problem: {problem}\nmodel: t\nharness: pytest\n"
                                               "agent_outcome: completed\n")
     measured_baselines.copy_into(out, ["03_paged_attention"], rep_ms=20.0)
-    real, seen = schedule.ensure_baselines, {}
+    real, builds_seen = schedule.ensure_baselines, {}
 
-    def ensure(opts, gpu, problem, env, scratch, before_measuring=None):  # type: ignore[no-untyped-def]
-        if problem.name != "01_fp8_gemm":
-            return real(opts, gpu, problem, env, scratch, before_measuring)
-        log = out / "cpu" / "logs" / "c_gated.prebuild.log"
-        seen["built before"] = "[prebuild] imported" in log.read_text()
-        (scratch / "c_gated.prebuild" / "go").touch()
-        before_measuring()
-        seen["built after"] = "[prebuild] imported" in log.read_text()
-        return {}  # no 01 baselines in this session: c is correct but not_graded, which is not what this is about
+    def ensure(opts, gpu, problem, env, scratch):  # type: ignore[no-untyped-def]
+        builds_seen[problem.name] = sorted(p.name for p in scratch.glob("*.prebuild"))
+        return real(opts, gpu, problem, env, scratch) if problem.name != "01_fp8_gemm" else {}
 
     monkeypatch.setattr(schedule, "ensure_baselines", ensure)
     rows = run_eval(EvalOptions(deck=DECK, submissions=subs, out=out, device="cpu", rep_ms=20.0, prebuild=True))
-    assert [r["status"] for r in rows] == ["pass", "pass", "not_graded"]
+    assert [r["status"] for r in rows] == ["pass", "pass", "not_graded"]  # no 01 baselines in this session
     assert "baselines are missing" in rows[2]["message"]
-    assert seen == {"built before": False, "built after": True}
-    assert "GATE PASSED" in (out / "cpu" / "logs" / "c_gated.prebuild.log").read_text()
+    assert builds_seen == {"03_paged_attention": [], "01_fp8_gemm": []}
+    assert "[prebuild] imported" in (out / "cpu" / "logs" / "c_plain.prebuild.log").read_text()
+
+
+def test_the_gpu_grades_a_run_whose_build_ended_before_one_still_building(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, measured_baselines: MeasuredBaselines,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """a's build runs until b has been graded (a CUTLASS build takes minutes): b, whose build ended, is graded
+    first, and a once its own build ends; neither waits for the other's build on the GPU's time."""
+    from kernelboard.eval import schedule
+
+    monkeypatch.setenv("KERNELBOARD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(schedule, "prebuild_depth", lambda cpus: 2)
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    for name, source in (("a_gated", GATED_BUILD),
+                         ("b_plain", "from reference import Model, get_inputs, get_init_inputs  # noqa: F401\n")):
+        (subs / name).mkdir(parents=True)
+        (subs / name / "solution.py").write_text(source)
+        (subs / name / "run.yaml").write_text("problem: 03_paged_attention\nmodel: t\nharness: pytest\n"
+                                              "agent_outcome: completed\n")
+    measured_baselines.copy_into(out, ["03_paged_attention"], rep_ms=20.0)
+    real = schedule.grade_submission
+
+    def grade(opts, gpu, spec, problem, sub, env, baselines, scratch, *rest):  # type: ignore[no-untyped-def]
+        row = real(opts, gpu, spec, problem, sub, env, baselines, scratch, *rest)
+        if sub.run_id == "b_plain":
+            (scratch / "a_gated.prebuild" / "go").touch()
+        return row
+
+    monkeypatch.setattr(schedule, "grade_submission", grade)
+    rows = run_eval(EvalOptions(deck=DECK, submissions=subs, out=out, device="cpu", rep_ms=20.0, prebuild=True))
+    assert [(r["run_id"], r["status"]) for r in rows] == [("b_plain", "pass"), ("a_gated", "pass")]
+    assert "GATE PASSED" in (out / "cpu" / "logs" / "a_gated.prebuild.log").read_text()
+    assert "b_plain: graded ahead of a_gated, whose build is still running" in capsys.readouterr().err
+
+
+def _build(ended: bool, age_s: float = 1.0) -> Any:
+    """A stand-in for a running or finished `Prebuild` started `age_s` ago."""
+    return SimpleNamespace(proc=SimpleNamespace(poll=lambda: 0 if ended else None), started=time.monotonic() - age_s)
+
+
+def test_next_to_grade_takes_the_first_run_that_is_ready_and_keeps_held_runs_last() -> None:
+    from kernelboard.eval.schedule import next_to_grade
+
+    def pick(builds: dict[str, Any], held: tuple[str, ...] = (), order: tuple[str, ...] = ("a", "b", "c"),
+             timeout_s: float = 600.0) -> int | None:
+        return next_to_grade(list(order), builds, set(held), timeout_s, needs_build=lambda run_id: run_id != "c")
+
+    assert pick({"a": _build(True), "b": _build(True)}) == 0  # queue order among the ready
+    assert pick({"a": _build(False), "b": _build(True)}) == 1  # a still builds: b goes
+    assert pick({"a": _build(False), "b": _build(False)}) == 2  # c needs no build (a skipped run, say)
+    assert pick({"a": _build(False), "b": _build(False)}, order=("a", "b")) is None  # wait
+    assert pick({"a": _build(False)}, order=("a", "b")) is None  # b's build has not started: not ready
+    assert pick({"a": _build(False, age_s=700), "b": _build(True)}) == 0  # a's build is over its time: cut off
+    assert pick({"a": _build(False), "b": _build(True)}, held=("b",)) is None  # a held run never jumps the queue
+    assert pick({"a": _build(False)}, held=("a",)) == 0  # it goes once it is first
+
 
 def test_the_depth_is_one_build_per_four_cores_at_most_three() -> None:
     from kernelboard.eval.schedule import prebuild_depth
@@ -181,8 +233,8 @@ def test_a_baton_left_by_a_killed_build_is_removed_before_the_next_build(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, measured_baselines: MeasuredBaselines) -> None:
     """A build killed mid-way (a timeout, an interrupt, the end of a device call) leaves torch's baton in the
     solution's cache, and every later build of that solution waited for it forever (a 03 prebuild on the
-    H200: 6 minutes, to the call's end). Both build paths clear it first: the worker's (the first
-    submission, which has no prebuild) and the prebuild's (the second)."""
+    H200: 6 minutes, to the call's end). Both build paths clear it first: the worker's (a batch without
+    prebuilds) and the prebuild's (a batch with them)."""
     from kernelboard.eval.sandbox import cache_dir
     from kernelboard.eval.submission import discover
 
@@ -199,8 +251,9 @@ def test_a_baton_left_by_a_killed_build_is_removed_before_the_next_build(
         stale.write_text("")  # what a killed build leaves: torch's O_EXCL file, nobody to remove it
     out = tmp_path / "out"
     measured_baselines.copy_into(out, ["03_paged_attention"], rep_ms=20.0)
-    rows = run_eval(EvalOptions(deck=DECK, submissions=subs, out=out, device="cpu", rep_ms=20.0, prebuild=True,
-                                build_timeout_s=30.0, timeout_s=120.0))
+    rows = [row for name, prebuild in (("a_worker_builds", False), ("b_prebuild_builds", True))
+            for row in run_eval(EvalOptions(deck=DECK, submissions=subs, out=out, device="cpu", only=(name,),
+                                            rep_ms=20.0, prebuild=prebuild, build_timeout_s=30.0, timeout_s=120.0))]
     assert [r["status"] for r in rows] == ["pass", "pass"], [r["message"] for r in rows]
     logs = out / "cpu" / "logs"
     worker = (logs / "a_worker_builds.log").read_text()
