@@ -74,6 +74,7 @@ if [ -n "${IDS:-}" ]; then
   SEED=${SEED:-data/results}
   mkdir -p $WORK/res
   if [ -f "$SEED" ]; then tar -C $WORK -xzf "$SEED"; else cp -r "$SEED"/. $WORK/res/; fi
+  sleep 1; touch $WORK/.started  # logs newer than this are this call's (the seed's copies are older)
   only=(); [ "$IDS" = all ] || while read -r id; do [ -n "$id" ] && only+=(--only "$id"); done < "$IDS"
   IFS=, read -r -a globs <<< "${EXCLUDE:-}"; for g in "${globs[@]}"; do [ -n "$g" ] && only+=(--exclude "$g"); done
   DECK=${DECK:-hard}
@@ -81,12 +82,13 @@ if [ -n "${IDS:-}" ]; then
   timeout -s INT "$(left)" .venv-eval/bin/kernelboard eval --deck eval/decks/$DECK --submissions data/submissions/$DECK \
     --out $WORK/res --resume "${only[@]}" ${EVAL_ARGS:-} 2>&1 | grep -v "^\s*$" | tail -80
   echo "== eval exited ${PIPESTATUS[0]} at $(( $(date +%s) - T0 )) s"
-  grep -h "zygote" $WORK/res/h200/logs/*.log 2>/dev/null | sort | uniq -c | head -5
+  new_logs() { find $WORK/res/*/logs -name "$1" -newer $WORK/.started 2>/dev/null | sort; }  # this call's, any GPU
+  new_logs '*.log' | xargs -r grep -h "zygote" | sort | uniq -c | head -5
   # what each grading still built on the GPU's time (the prebuild's aim: nothing), then the prebuilds' Triton lines
-  grep -H "built while grading" $WORK/res/h200/logs/*.log 2>/dev/null | sed 's|.*/||' | tail -40
-  grep -H "Triton kernel variants compiled" $WORK/res/h200/logs/*.prebuild.log 2>/dev/null | sed 's|.*/||' | tail -40
+  new_logs '*.log' | xargs -r grep -H "built while grading" | sed 's|.*/||'
+  new_logs '*.prebuild.log' | xargs -r grep -H "Triton kernel variants compiled" | sed 's|.*/||'
   # runs a batch was cut off in (graded last by the next: eval/interrupted.py)
-  [ -f $WORK/res/h200/interrupted.json ] && echo "== interrupted runs:" && cat $WORK/res/h200/interrupted.json
+  for f in $WORK/res/*/interrupted.json; do [ -f "$f" ] && echo "== interrupted runs ($f):" && cat "$f"; done
 fi
 
 kill $PACKER 2>/dev/null
