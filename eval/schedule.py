@@ -468,7 +468,8 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
                 started = time.monotonic()
                 try:
                     build = prebuilds.pop(sub.run_id, None)
-                    prebuild_s = finish_prebuild(build, opts.build_timeout_s) if build is not None else 0.0
+                    prebuild_s = 0.0 if build is None else finish_prebuild(  # at once, unless a held run's
+                        build, max(0.0, build.started + opts.build_timeout_s - time.monotonic()))
                     row = grade_submission(opts, gpu, spec, problem, sub, env, baselines.get(sub.problem, {}),
                                            scratch, driver,
                                            functools.partial(_show_phase, progress, task, sub.run_id, phases),
