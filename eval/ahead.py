@@ -2,7 +2,7 @@
 
 A GPU is lent in calls of minutes, and some kernels compile for longer than that: MiniMax-M3's 07 of
 2026-06-18 unrolls 32 `tl.dot` groups, and Triton took 158 s and 368 s for two of its shapes on the
-H200's host, past the prebuild's 240 s warm call (`settings.PREBUILD_WARM_CALL_S`) and the call. Triton
+H200's host, past the prebuild's warm call (240 s then; `settings.PREBUILD_WARM_CALL_S`) and the call. Triton
 compiles for a target it is told, with no GPU (`triton_compile_only.py`), so those kernels can compile
 here, for as long as they take, into the per-solution caches the grader uses (`sandbox.cache_dir`,
 keyed by the solution's hash), and be carried to the GPU host as one archive of their `triton/`
