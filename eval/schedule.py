@@ -446,10 +446,12 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
         pending = list(queue)
         prebuilds: dict[str, Prebuild] = {}
         try:
-            def start_builds() -> None:  # for the first `depth` runs still to grade: `depth` builds at most
-                for nsub, nproblem in [item for item in pending if item[0].run_id in gradeable][:depth]:
-                    if nsub.run_id not in prebuilds:
-                        prebuilds[nsub.run_id] = _prebuild(opts, gpu, nproblem, nsub, env, scratch, cell)  # type: ignore[arg-type]
+            def start_builds() -> None:  # `depth` builds at most (build_window)
+                problems = {s.run_id: (s, p) for s, p in pending}
+                for run_id in build_window([s.run_id for s, _ in pending], gradeable, held, depth):
+                    if run_id not in prebuilds:
+                        prebuilds[run_id] = _prebuild(opts, gpu, problems[run_id][1], problems[run_id][0], env,  # type: ignore[arg-type]
+                                                      scratch, cell)
 
             while pending:
                 start_builds()
@@ -502,6 +504,15 @@ def _interruptions(out: Path, gpu: str, console: Console | None = None) -> dict[
     if warning and console is not None:
         console.print(f"[yellow]{warning}[/]", markup=True, highlight=False, soft_wrap=True)
     return records
+
+
+def build_window(pending: list[str], gradeable: Container[str], held: Container[str], depth: int) -> list[str]:
+    """The runs whose builds run now: `depth` of the gradeable ones in `pending` (queue order). Runs held
+    back (interrupted in earlier batches: long compiles, most of them) build first, up to `depth` - 1 of
+    them, so that their compile runs beside the grading of the others instead of after it."""
+    todo = [run_id for run_id in pending if run_id in gradeable]
+    early = [run_id for run_id in todo if run_id in held][:max(depth - 1, 0)]
+    return (early + [run_id for run_id in todo if run_id not in early])[:depth]
 
 
 def next_to_grade(pending: list[str], prebuilds: dict[str, Prebuild], held: Container[str], build_timeout_s: float,

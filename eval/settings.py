@@ -221,8 +221,8 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: can refuse torch's extension builds (`kernelboard eval compile-ahead`, eval/ahead.py: Triton kernels
 #: compiled on another CPU host, carried into the grader's caches).
 #: 0.5.7 measures every problem's baselines before any build starts, builds the first run ahead too, and has
-#: the GPU take the first run whose build has ended (schedule.next_to_grade): scheduling only, no check or
-#: figure changes.
+#: the GPU take the first run whose build has ended (schedule.next_to_grade), with runs held back built
+#: first (schedule.build_window); its warm call may run 480 s: scheduling only, no check or figure changes.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 

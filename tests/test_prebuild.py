@@ -171,6 +171,19 @@ def _build(ended: bool, age_s: float = 1.0) -> Any:
     return SimpleNamespace(proc=SimpleNamespace(poll=lambda: 0 if ended else None), started=time.monotonic() - age_s)
 
 
+def test_the_build_window_is_the_queue_head_with_held_runs_built_early() -> None:
+    from kernelboard.eval.schedule import build_window
+
+    queue, gradeable = ["a", "b", "skip", "c", "d", "h1", "h2"], {"a", "b", "c", "d", "h1", "h2"}
+    assert build_window(queue, gradeable, set(), 3) == ["a", "b", "c"]  # a skipped run needs no build
+    assert build_window(queue, gradeable, {"h1"}, 3) == ["h1", "a", "b"]  # graded last, built first
+    assert build_window(queue, gradeable, {"h1", "h2"}, 3) == ["h1", "h2", "a"]
+    assert build_window(queue, gradeable, {"h1", "h2"}, 2) == ["h1", "a"]  # never all of them: the GPU waits
+    assert build_window(queue, gradeable, {"h1"}, 1) == ["a"]
+    assert build_window(queue, gradeable, set(), 0) == []  # no prebuilds (the CPU)
+    assert build_window(["h1"], gradeable, {"h1"}, 1) == ["h1"]  # the last run left
+
+
 def test_next_to_grade_takes_the_first_run_that_is_ready_and_keeps_held_runs_last() -> None:
     from kernelboard.eval.schedule import next_to_grade
 
