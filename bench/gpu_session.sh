@@ -12,8 +12,9 @@
 #               whose first call compiles for minutes)
 #   BENCH=1     bench/gpu_grading.py on GPU 0 (LOAD busy processes)
 #   TRITON_AHEAD='glob'  archives of `kernelboard eval compile-ahead` (Triton kernels compiled on a CPU host
-#               for sm_90), unpacked into the grader's cache root first: each grading's log then says how
-#               many of them it found built, and 0 built while grading where their cache keys matched
+#               for sm_90), unpacked into the grader's cache root first where `kernelboard eval check-ahead`
+#               finds their cache keys can match (same Python ABI and Triton build): each grading's log then
+#               says how many of them it found built, and 0 built while grading
 # Results are packed into $OUT (default ./gpu-session-out) every 30 s, so a call cut short still
 # returns what finished: res.tgz is a results folder, SEED for the next call and `eval merge`'s source.
 # DEADLINE: seconds after the start at which gradings are interrupted (SIGINT: finished rows stay, the run cut
@@ -40,8 +41,9 @@ make -s .venv-eval/bin/python PYTHON=python3 >/dev/null || exit 1
 if [ -n "${TRITON_AHEAD:-}" ]; then
   CACHE_ROOT=${KERNELBOARD_CACHE:-$HOME/.cache/kernelboard}
   mkdir -p "$CACHE_ROOT"
-  for a in $TRITON_AHEAD; do
-    tar -C "$CACHE_ROOT" -xzf "$a" && echo "Triton compiled ahead: $a ($(tar -tzf "$a" | grep -c '\.cubin$') variants of $(tar -tzf "$a" | cut -d/ -f1 | sort -u | wc -l) solutions) into $CACHE_ROOT"
+  for a in $TRITON_AHEAD; do  # unpacked only where this host's Triton keys its variants alike (check-ahead says)
+    .venv-eval/bin/kernelboard eval check-ahead "$a" && tar -C "$CACHE_ROOT" -xzf "$a" --exclude triton-ahead.json \
+      && echo "Triton compiled ahead: $a ($(tar -tzf "$a" | cut -d/ -f1 | grep -vc '\.json$') solutions) into $CACHE_ROOT"
   done
 fi
 echo "== setup done at $(( $(date +%s) - T0 )) s"

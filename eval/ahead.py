@@ -11,6 +11,13 @@ folders: `kernelboard eval compile-ahead … --out triton-ahead.tgz` here, then 
 does it with `TRITON_AHEAD=`). Each grading's log then counts those variants among the ones "found
 built before", and 0 "built while grading" where the cache keys matched.
 
+Triton finds a variant only under its cache key, and the key hashes Triton's own files, its compiled
+`libtriton` included: a CPython 3.11 build of the same Triton release keys differently from the 3.12 one
+(an archive made here with Python 3.11 was found by none of the H100 host's 3.12 gradings). The archive
+therefore carries `triton-ahead.json`, the fingerprint of the Triton that compiled it (`fingerprint`), and
+`kernelboard eval check-ahead ARCHIVE` on the GPU host says whether its keys can match there, and if not,
+which part differs; compile-ahead must run under the grading host's Python ABI and Triton build.
+
 Only Triton's cache travels: a torch extension built here would be built against this host's torch,
 which need not be the grader's, so the prebuild here refuses torch's JIT builds (`prebuild.py`
 `no-extensions`) and an import that builds one stops there. The prebuild is the grader's own, in the
@@ -23,9 +30,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import io
+import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tarfile
 import tempfile
 from collections.abc import Iterator
@@ -53,6 +64,60 @@ class Ahead:
     variants: int
     seconds: float  # its prebuild's wall time
     said: str
+
+
+MANIFEST = "triton-ahead.json"  # at the archive's root, beside the `<sha>/triton/` folders
+
+# What Triton's cache key is made of, on this host, for a target (`compiler.compile`, `runtime/cache.py`): the
+# hash of its own files and libtriton (`triton_key`), the backend's (ptxas' version and the arch) and the
+# environment variables that invalidate its cache. Run in a child so this process imports no Triton.
+_FINGERPRINT = """
+import hashlib, json, sys
+import triton
+from triton._C.libtriton import get_cache_invalidating_env_vars
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import CUDABackend
+from triton.runtime.cache import triton_key
+def sha(text):
+    return hashlib.sha256(text.encode()).hexdigest()
+backend = CUDABackend(GPUTarget("cuda", int(sys.argv[1]), 32)).hash()
+print(json.dumps({"triton": triton.__version__, "python": "cp%d%d" % sys.version_info[:2],
+                  "triton_key": sha(triton_key()), "backend": sha(backend),
+                  "env": sha(str(sorted(get_cache_invalidating_env_vars().items())))}))
+"""
+
+
+def fingerprint(arch: str, python: str = sys.executable) -> dict[str, str]:
+    """The parts of Triton's cache key that do not depend on the kernel, as `python`'s Triton makes them for
+    `arch` (TORCH_CUDA_ARCH_LIST form): two hosts whose fingerprints are equal key a kernel alike."""
+    capability = arch.lower().removesuffix("a").replace(".", "")
+    proc = subprocess.run([python, "-c", _FINGERPRINT, capability], capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        said = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UsageError(f"Triton's cache-key fingerprint could not be taken with {python}: {said}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def fingerprint_differences(theirs: dict[str, str], ours: dict[str, str]) -> list[str]:
+    """What makes an archive's cache keys differ from this host's, in words (none: they can match)."""
+    names = {"triton": "Triton release", "python": "Python ABI", "triton_key": "Triton's own files (libtriton)",
+             "backend": "ptxas or arch", "env": "cache-invalidating TRITON_* variables"}
+    return [f"{label}: {theirs.get(part, '?')[:16]} there, {ours.get(part, '?')[:16]} here"
+            for part, label in names.items() if theirs.get(part) != ours.get(part)]
+
+
+def check_archive(archive: Path, python: str = sys.executable) -> tuple[int, list[str]]:
+    """(variants in `archive`, what keeps its cache keys from matching this host's Triton: [] if nothing)."""
+    try:
+        with tarfile.open(archive) as tar:
+            variants = sum(1 for name in tar.getnames() if name.endswith(".cubin"))
+            member = tar.extractfile(MANIFEST) if MANIFEST in tar.getnames() else None
+            manifest = json.load(member) if member is not None else None
+    except (OSError, tarfile.TarError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{archive}: not a compile-ahead archive ({exc})") from None
+    if manifest is None:
+        return variants, [f"no {MANIFEST}: made before archives said which Triton compiled them"]
+    return variants, fingerprint_differences(manifest["fingerprint"], fingerprint(manifest["arch"], python))
 
 
 def has_triton(sub: Submission) -> bool:
@@ -106,7 +171,9 @@ def compile_ahead(deck: Path, submissions: Path, out: Path, only: tuple[str, ...
                 done.append(ahead)
                 console.print(f"  {ahead.run_id}: {ahead.variants} variants in its cache after {ahead.seconds:.0f} s "
                               f"— {ahead.said}", markup=False, highlight=False)
-        _write_archive(out, [cache_dir(a.cache_key) for a in sorted(done, key=lambda a: a.run_id) if a.variants])
+        manifest = {"arch": arch, "fingerprint": fingerprint(arch),
+                    "runs": {a.run_id: a.cache_key for a in sorted(done, key=lambda a: a.run_id) if a.variants}}
+        _write_archive(out, [cache_dir(key) for key in manifest["runs"].values()], manifest)
     total = sum(a.variants for a in done)
     console.print(f"{total} Triton kernel variants of {sum(1 for a in done if a.variants)} submissions → {out}")
     return sorted(done, key=lambda a: a.run_id)
@@ -125,12 +192,16 @@ def _compile_one(sub: Submission, problem_dir: Path, scratch: Path, arch: str, l
     return Ahead(sub.run_id, key, len(cubins), round(seconds, 1), summary or (said[-1] if said else "no prebuild line"))
 
 
-def _write_archive(out: Path, caches: list[Path]) -> None:
+def _write_archive(out: Path, caches: list[Path], manifest: dict[str, object]) -> None:
     """A .tgz of each cache's `triton/` folder, under its key (`<sha>/triton/…`), as the grader's
-    cache root holds it; written beside `out` and renamed over it."""
+    cache root holds it, and the manifest (MANIFEST); written beside `out` and renamed over it."""
     out.parent.mkdir(parents=True, exist_ok=True)
     part = out.with_name(f".{out.name}.part")
     with tarfile.open(part, "w:gz") as tar:
+        text = json.dumps(manifest, indent=1).encode()
+        info = tarfile.TarInfo(MANIFEST)
+        info.size = len(text)
+        tar.addfile(info, io.BytesIO(text))
         for cache in caches:
             triton = cache / "triton"
             if triton.is_dir():

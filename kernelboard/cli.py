@@ -194,6 +194,24 @@ def eval_compile_ahead(deck: Path, submissions: Path, only: tuple[str, ...], exc
     compile_ahead(deck, submissions, out, only, exclude, arch, jobs, limit_s)
 
 
+@eval.command("check-ahead")
+@click.argument("archive", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_os_errors_are_one_line
+def eval_check_ahead(archive: Path) -> None:
+    """Say whether a compile-ahead ARCHIVE's Triton cache keys can match this host's (exit 1 if not).
+
+    Triton keys a variant by its own files, its compiled libtriton included, so an archive made by another
+    Python ABI or Triton build is found by no grading here; this names the part that differs.
+    """
+    from kernelboard.eval.ahead import check_archive
+
+    variants, differences = check_archive(archive)
+    if differences:
+        raise click.ClickException(f"{archive}: none of its {variants} Triton kernel variants would be found here "
+                                   f"(their cache keys differ: {'; '.join(differences)})")
+    click.echo(f"{archive}: {variants} Triton kernel variants, keyed as this host's Triton keys them")
+
+
 # ---------------------------------------------------------------------------------------- site
 
 

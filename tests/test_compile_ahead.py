@@ -6,6 +6,7 @@ the grader's cache root holds them."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from kernelboard.cli import main as cli
+from kernelboard.eval.ahead import MANIFEST, fingerprint
 from kernelboard.eval.submission import discover
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,13 +54,52 @@ def test_only_triton_caches_travel_under_each_solutions_hash(tmp_path: Path, mon
     assert "2 of 3 selected submissions define Triton kernels" in result.output
     assert "not built here" in result.output  # the extension's build was refused, and said so
     with tarfile.open(out) as tar:
-        names = tar.getnames()
+        manifest = json.load(tar.extractfile(MANIFEST))  # type: ignore[arg-type]
+        names = [n for n in tar.getnames() if n != MANIFEST]
         metadata = [json.load(tar.extractfile(n)) for n in names  # type: ignore[arg-type]
                     if n.endswith(".json") and not n.split("/")[-1].startswith("__grp__")]
     sha = {s.run_id: s.solution_sha256() for s in discover(subs)[0]}
+    assert manifest["runs"] == {PUBLISHED.name: sha[PUBLISHED.name]} and manifest["arch"] == "9.0"
+    assert manifest["fingerprint"] == fingerprint("9.0")  # the Triton that compiled them, keyed as this host keys
+    checked = CliRunner().invoke(cli, ["eval", "check-ahead", str(out)])
+    assert checked.exit_code == 0 and "keyed as this host's Triton keys them" in checked.output, checked.output
     assert {n.split("/")[0] for n in names} == {sha[PUBLISHED.name]}  # nothing of the other two
     assert all(n.split("/")[1] == "triton" for n in names)
     assert sum(n.endswith(".cubin") for n in names) >= 3, names
     assert metadata and {m["target"]["arch"] for m in metadata} == {90}
     assert not list(out.parent.glob(".*.part"))
     assert os.environ["TORCH_CUDA_ARCH_LIST"] == "12.0" and os.environ.get("KERNELBOARD_CACHE") == cache_root
+
+
+def _archive(path: Path, manifest: dict[str, object] | None) -> Path:
+    """An archive of one cubin under a made-up hash, with `manifest` (None: none, as before they had one)."""
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in ((MANIFEST, json.dumps(manifest).encode() if manifest else None),
+                           ("abc123/triton/KEY/kernel.cubin", b"\0" * 8)):
+            if data is not None:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_check_ahead_names_what_keeps_an_archives_keys_from_matching(tmp_path: Path) -> None:
+    """An archive compiled by another Python ABI's Triton (the H100 host runs CPython 3.12, this machine 3.11:
+    their libtriton differ, and so does every cache key) is refused in one line that names the parts."""
+    here = fingerprint("9.0")
+    other = {**here, "python": "cp399", "triton_key": "f" * 64}
+    runner = CliRunner()
+    same = runner.invoke(cli, ["eval", "check-ahead", str(_archive(tmp_path / "same.tgz", {
+        "arch": "9.0", "fingerprint": here, "runs": {}}))])
+    assert same.exit_code == 0 and "1 Triton kernel variants, keyed as this host's" in same.output, same.output
+    moved = runner.invoke(cli, ["eval", "check-ahead", str(_archive(tmp_path / "other.tgz", {
+        "arch": "9.0", "fingerprint": other, "runs": {}}))])
+    assert moved.exit_code == 1 and len(moved.output.strip().splitlines()) == 1, moved.output
+    assert "none of its 1 Triton kernel variants would be found here" in moved.output
+    assert f"Python ABI: cp399 there, {here['python']} here" in moved.output
+    assert "Triton's own files (libtriton)" in moved.output and "ptxas" not in moved.output
+    old = runner.invoke(cli, ["eval", "check-ahead", str(_archive(tmp_path / "old.tgz", None))])
+    assert old.exit_code == 1 and "no triton-ahead.json" in old.output
+    (tmp_path / "not.tgz").write_text("not an archive")
+    bad = runner.invoke(cli, ["eval", "check-ahead", str(tmp_path / "not.tgz")])
+    assert bad.exit_code == 2 and "not a compile-ahead archive" in bad.output and "Traceback" not in bad.output
