@@ -458,7 +458,8 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
                 at = next_to_grade([s.run_id for s, _ in pending], prebuilds, held, opts.build_timeout_s,
                                    needs_build=lambda run_id: depth > 0 and run_id in gradeable)
                 if at is None:  # every run that may go next is still building
-                    progress.update(task, description=f"waiting for {', '.join(prebuilds)} to build")
+                    running = [run_id for run_id, build in prebuilds.items() if build.proc.poll() is None]
+                    progress.update(task, description=f"waiting for the builds of {', '.join(running)}")
                     time.sleep(0.25)
                     continue
                 sub, problem = pending.pop(at)

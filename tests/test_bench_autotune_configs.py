@@ -1,0 +1,66 @@
+"""bench/autotune_configs.py: each config of a solution's autotuner run alone in its own process and judged.
+
+On the CPU (Triton's interpreter) with a kernel written here whose four configs do four different things:
+right, wrong by a factor, refused at compile time, and a process that dies (as one that faults does). Each
+is told apart, and one config's death does not hide the others' results."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SOLUTION = '''
+import os
+import torch
+import triton
+import triton.language as tl
+
+from reference import Model as _Reference, get_inputs, get_init_inputs  # noqa: F401
+
+
+@triton.autotune(configs=[triton.Config({"SCALE": s}) for s in (1, 2, 0, 3)], key=["n"])
+@triton.jit
+def _scaled(x_ptr, n, SCALE: tl.constexpr, BLOCK: tl.constexpr):
+    tl.static_assert(SCALE != 0, "SCALE 0 is refused")
+    i = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + i, mask=i < n)
+    tl.store(x_ptr + i, x * SCALE, mask=i < n)
+
+
+class Model(_Reference):
+    def forward(self, x):
+        if [c.kwargs["SCALE"] for c in _scaled.configs] == [3]:
+            os._exit(7)  # as a process whose kernel faulted dies
+        out = super().forward(x).float().contiguous()  # fp32: Triton's interpreter has no bf16
+        _scaled[(1,)](out, out.numel(), BLOCK=triton.next_power_of_2(out.numel()))
+        return out.to(x.dtype)
+'''
+
+
+def test_each_config_is_run_alone_and_judged(tmp_path: Path) -> None:
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "solution.py").write_text(SOLUTION)
+    (sub / "run.yaml").write_text("problem: 07_w4a16_gemm\nmodel: t\nharness: pytest\nagent_outcome: completed\n")
+    out = tmp_path / "configs.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "autotune_configs.py"), str(sub), "--device", "cpu",
+                           "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())["configs"]
+    assert [(r["autotuner"], r["config"], r["status"]) for r in rows] == [
+        ("_scaled", 0, "ok"), ("_scaled", 1, "wrong"), ("_scaled", 2, "error"), ("_scaled", 3, "crashed")]
+    assert "out of tolerance" in rows[1]["said"]
+    assert "SCALE 0 is refused" in rows[2]["said"]
+    assert "exit code 7" in rows[3]["said"]
+    assert "SCALE: 2" in rows[1]["what"]
+
+
+def test_a_folder_without_its_problem_is_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "autotune_configs.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "no run.yaml naming its problem" in proc.stderr
+    assert "Traceback" not in proc.stderr
