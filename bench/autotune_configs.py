@@ -55,7 +55,7 @@ apply_shape(reference, problem, shape)
 solution = import_file("solution", Path(folder) / "solution.py")
 tuners = {name: obj for name, obj in vars(solution).items() if isinstance(obj, Autotuner)}
 if target == "-":
-    print(json.dumps({name: [str(c) for c in t.configs] for name, t in tuners.items()}))
+    print(json.dumps({"autotuners": {name: [str(c) for c in t.configs] for name, t in tuners.items()}}))
     sys.exit(0)
 tuner = tuners[target]
 tuner.configs = [tuner.configs[int(index)]]
@@ -94,8 +94,9 @@ def _child(folder: Path, deck: Path, shape: int, target: str, index: int, device
         return {"status": "timeout", "said": f"no answer in {timeout_s:.0f} s"}
     lines = proc.stdout.strip().splitlines()
     found = [line for line in lines if line.startswith("=========") and ("Invalid" in line or "Error" in line)]
+    said = [line for line in lines if line.startswith("{")]  # compute-sanitizer's summary comes after it
     try:
-        answer = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
+        answer = json.loads(said[-1]) if said else None
     except json.JSONDecodeError:
         answer = None
     if answer is None:
@@ -123,11 +124,11 @@ def main(submission: Path, deck: Path, shape: int, device: str, sanitizer: bool,
     if not isinstance(meta, dict) or "problem" not in meta:
         raise click.ClickException(f"{folder}: no run.yaml naming its problem")
     listing = _child(folder, deck.resolve(), shape, "-", 0, device, False, timeout_s)
-    if "status" in listing:
-        raise click.ClickException(f"{folder.name}: its autotuners could not be listed ({listing['said']})")
+    if "autotuners" not in listing:
+        raise click.ClickException(f"{folder.name}: its autotuners could not be listed ({listing.get('said')})")
     rows = [{"autotuner": name, "config": i, "what": config,
              **_child(folder, deck.resolve(), shape, name, i, device, sanitizer, timeout_s)}
-            for name, configs in listing.items() for i, config in enumerate(configs)]
+            for name, configs in listing["autotuners"].items() for i, config in enumerate(configs)]
     table = Table(title=f"{folder.name}, shape {shape} on {device}: each config alone", title_justify="left")
     for column in ("autotuner", "config", "status", "said"):
         table.add_column(column, overflow="fold")

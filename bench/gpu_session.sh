@@ -43,7 +43,7 @@ if [ -n "${TRITON_AHEAD:-}" ]; then
   mkdir -p "$CACHE_ROOT"
   for a in $TRITON_AHEAD; do  # unpacked only where this host's Triton keys its variants alike (check-ahead says)
     .venv-eval/bin/kernelboard eval check-ahead "$a" && tar -C "$CACHE_ROOT" -xzf "$a" --exclude triton-ahead.json \
-      && echo "Triton compiled ahead: $a ($(tar -tzf "$a" | cut -d/ -f1 | grep -vc '\.json$') solutions) into $CACHE_ROOT"
+      && echo "Triton compiled ahead: $a ($(tar -tzf "$a" | cut -d/ -f1 | sort -u | grep -vc '\.json$') solutions) into $CACHE_ROOT"
   done
 fi
 echo "== setup done at $(( $(date +%s) - T0 )) s"

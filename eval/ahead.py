@@ -49,6 +49,7 @@ from kernelboard.errors import UsageError
 
 from .deck import load_deck
 from .jail import Jail, make_jail
+from .prebuild import grading_capability
 from .sandbox import built_kernels, cache_dir, finish_prebuild
 from .schedule import EvalOptions, prebuild_copy, select_submissions
 from .submission import Submission
@@ -90,8 +91,11 @@ print(json.dumps({"triton": triton.__version__, "python": "cp%d%d" % sys.version
 def fingerprint(arch: str, python: str = sys.executable) -> dict[str, str]:
     """The parts of Triton's cache key that do not depend on the kernel, as `python`'s Triton makes them for
     `arch` (TORCH_CUDA_ARCH_LIST form): two hosts whose fingerprints are equal key a kernel alike."""
-    capability = arch.lower().removesuffix("a").replace(".", "")
-    proc = subprocess.run([python, "-c", _FINGERPRINT, capability], capture_output=True, text=True, timeout=300)
+    capability = grading_capability(arch)
+    if capability is None:
+        raise UsageError(f"--arch {arch!r}: expected one arch in TORCH_CUDA_ARCH_LIST form, e.g. 9.0")
+    proc = subprocess.run([python, "-c", _FINGERPRINT, f"{capability[0]}{capability[1]}"], capture_output=True,
+                          text=True, timeout=300)
     if proc.returncode != 0:
         said = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise UsageError(f"Triton's cache-key fingerprint could not be taken with {python}: {said}")
@@ -110,13 +114,17 @@ def check_archive(archive: Path, python: str = sys.executable) -> tuple[int, lis
     """(variants in `archive`, what keeps its cache keys from matching this host's Triton: [] if nothing)."""
     try:
         with tarfile.open(archive) as tar:
-            variants = sum(1 for name in tar.getnames() if name.endswith(".cubin"))
-            member = tar.extractfile(MANIFEST) if MANIFEST in tar.getnames() else None
+            names = tar.getnames()
+            variants = sum(1 for name in names if name.endswith(".cubin"))
+            member = tar.extractfile(MANIFEST) if MANIFEST in names else None
             manifest = json.load(member) if member is not None else None
     except (OSError, tarfile.TarError, json.JSONDecodeError) as exc:
         raise UsageError(f"{archive}: not a compile-ahead archive ({exc})") from None
     if manifest is None:
         return variants, [f"no {MANIFEST}: made before archives said which Triton compiled them"]
+    if not (isinstance(manifest, dict) and isinstance(manifest.get("fingerprint"), dict)
+            and isinstance(manifest.get("arch"), str)):
+        raise UsageError(f"{archive}: its {MANIFEST} has no 'arch' and 'fingerprint' (expected compile-ahead's)")
     return variants, fingerprint_differences(manifest["fingerprint"], fingerprint(manifest["arch"], python))
 
 

@@ -438,20 +438,21 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
         for run_id, record in held.items():
             progress.console.print(f"  {run_id}: {record.summary()} in earlier batches: graded last")
         gradeable = {sub.run_id for sub, problem in queue if _gradeable(opts, problem, sub)}
-        baselines = {}  # every problem's, before any build loads the host: eager lines are host-bound
+        baselines: dict[str, dict[int, dict[str, Any]]] = {}  # every problem's, before any build loads the
+        # host: eager lines are host-bound
         for sub, problem in queue:
             if sub.run_id in gradeable and problem is not None and problem.name not in baselines:
                 progress.update(task, description=f"baselines of {problem.name}")
                 baselines[problem.name] = ensure_baselines(opts, gpu, problem, env, scratch)
         pending = list(queue)
+        by_id = {s.run_id: (s, p) for s, p in queue}
         prebuilds: dict[str, Prebuild] = {}
         try:
             def start_builds() -> None:  # `depth` builds at most (build_window)
-                problems = {s.run_id: (s, p) for s, p in pending}
                 for run_id in build_window([s.run_id for s, _ in pending], gradeable, held, depth):
                     if run_id not in prebuilds:
-                        prebuilds[run_id] = _prebuild(opts, gpu, problems[run_id][1], problems[run_id][0], env,  # type: ignore[arg-type]
-                                                      scratch, cell)
+                        nsub, nproblem = by_id[run_id]
+                        prebuilds[run_id] = _prebuild(opts, gpu, nproblem, nsub, env, scratch, cell)  # type: ignore[arg-type]
 
             while pending:
                 start_builds()

@@ -100,6 +100,8 @@ def test_check_ahead_names_what_keeps_an_archives_keys_from_matching(tmp_path: P
     assert "Triton's own files (libtriton)" in moved.output and "ptxas" not in moved.output
     old = runner.invoke(cli, ["eval", "check-ahead", str(_archive(tmp_path / "old.tgz", None))])
     assert old.exit_code == 1 and "no triton-ahead.json" in old.output
+    odd = runner.invoke(cli, ["eval", "check-ahead", str(_archive(tmp_path / "odd.tgz", {"runs": {}}))])
+    assert odd.exit_code == 2 and "has no 'arch' and 'fingerprint'" in odd.output and "Traceback" not in odd.output
     (tmp_path / "not.tgz").write_text("not an archive")
     bad = runner.invoke(cli, ["eval", "check-ahead", str(tmp_path / "not.tgz")])
     assert bad.exit_code == 2 and "not a compile-ahead archive" in bad.output and "Traceback" not in bad.output
