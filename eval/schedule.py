@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -444,59 +444,98 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
             if sub.run_id in gradeable and problem is not None and problem.name not in baselines:
                 progress.update(task, description=f"baselines of {problem.name}")
                 baselines[problem.name] = ensure_baselines(opts, gpu, problem, env, scratch)
-        pending = list(queue)
-        by_id = {s.run_id: (s, p) for s, p in queue}
-        prebuilds: dict[str, Prebuild] = {}
+        builds = BuildQueue(queue, gradeable, held, depth,
+                            lambda nsub, nproblem: _prebuild(opts, gpu, nproblem, nsub, env, scratch, cell))
         try:
-            def start_builds() -> None:  # `depth` builds at most (build_window)
-                for run_id in build_window([s.run_id for s, _ in pending], gradeable, held, depth):
-                    if run_id not in prebuilds:
-                        nsub, nproblem = by_id[run_id]
-                        prebuilds[run_id] = _prebuild(opts, gpu, nproblem, nsub, env, scratch, cell)  # type: ignore[arg-type]
-
-            while pending:
-                start_builds()
-                at = next_to_grade([s.run_id for s, _ in pending], prebuilds, held, opts.build_timeout_s,
-                                   needs_build=lambda run_id: depth > 0 and run_id in gradeable)
-                if at is None:  # every run that may go next is still building
-                    running = [run_id for run_id, build in prebuilds.items() if build.proc.poll() is None]
-                    progress.update(task, description=f"waiting for the builds of {', '.join(running)}")
+            while builds.pending:
+                taken = builds.take(opts.build_timeout_s)
+                if taken is None:  # every run that may go next is still building
+                    progress.update(task, description=f"waiting for the builds of {', '.join(builds.running())}")
                     time.sleep(0.25)
                     continue
-                sub, problem = pending.pop(at)
-                start_builds()  # the next one's, while this one grades
-                if at:
-                    progress.console.print(f"  {sub.run_id}: graded ahead of {pending[0][0].run_id}, whose build "
-                                           f"is still running")
+                sub, problem, ahead_of, build = taken
+                if ahead_of:
+                    progress.console.print(f"  {sub.run_id}: graded ahead of {ahead_of}, whose build is still "
+                                           f"running")
                 phases = ["its prebuild"]  # the phases it reached, for the record of an interruption
                 started = time.monotonic()
-                try:
-                    build = prebuilds.pop(sub.run_id, None)
+                with _recorded_if_cut_off(opts.out, gpu, sub, started, phases):
                     prebuild_s = 0.0 if build is None else finish_prebuild(  # at once, unless a held run's
                         build, max(0.0, build.started + opts.build_timeout_s - time.monotonic()))
                     row = grade_submission(opts, gpu, spec, problem, sub, env, baselines.get(sub.problem, {}),
                                            scratch, driver,
                                            functools.partial(_show_phase, progress, task, sub.run_id, phases),
                                            cell, prebuild_s)
-                except KeyboardInterrupt:  # cut off (a GPU call's deadline, Ctrl-C): the next batch grades it last
-                    interruptions = add_interruption(_interruptions(opts.out, gpu), sub.run_id,
-                                                     sub.solution_sha256(), time.monotonic() - started, phases[-1],
-                                                     _now().isoformat())
-                    write_records(opts.out, gpu, interruptions)
-                    raise
                 if sub.run_id in held:  # graded whole now
-                    interruptions = without_graded(interruptions, {sub.run_id: held[sub.run_id].solution_sha256})
-                    write_records(opts.out, gpu, interruptions)
+                    write_records(opts.out, gpu, without_graded(_interruptions(opts.out, gpu),
+                                                                {sub.run_id: held[sub.run_id].solution_sha256}))
                 score = f" {row['speedup_vs_compile']:.2f}× vs compile" if row["speedup_vs_compile"] else ""
                 progress.console.print(f"  {sub.run_id}: {row['status']}{score} — {row['message']}")
                 rows.append(row)
                 progress.advance(task)
         finally:
-            for left in prebuilds.values():
-                finish_prebuild(left, 0)
+            builds.stop()
     if rows:
         _console.print(summary_table(rows))
     return rows
+
+
+@contextlib.contextmanager
+def _recorded_if_cut_off(out: Path, gpu: str, sub: Submission, started: float, phases: list[str]) -> Iterator[None]:
+    """A grading cut off (a GPU call's deadline, Ctrl-C) is recorded in the folder's interrupted runs,
+    with the phase it reached, so that the next batch grades it last; the interrupt goes on."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        write_records(out, gpu, add_interruption(_interruptions(out, gpu), sub.run_id, sub.solution_sha256(),
+                                                 time.monotonic() - started, phases[-1], _now().isoformat()))
+        raise
+
+
+class BuildQueue:
+    """The runs still to grade, in queue order, and their prebuilds: which build now (`build_window`)
+    and which the GPU grades next (`next_to_grade`). Taking a run starts the builds behind it, so
+    that the next ones compile while it grades."""
+
+    def __init__(self, queue: list[tuple[Submission, Problem | None]], gradeable: Container[str],
+                 held: Container[str], depth: int, start: Callable[[Submission, Problem], Prebuild]) -> None:
+        self.pending = list(queue)
+        self.gradeable, self.held, self.depth, self._start = gradeable, held, depth, start
+        self.prebuilds: dict[str, Prebuild] = {}
+        self._by_id = {sub.run_id: (sub, problem) for sub, problem in queue}
+
+    def start_builds(self) -> None:
+        """Start the builds of the window that are not running yet (`depth` at most)."""
+        for run_id in build_window(self._ids(), self.gradeable, self.held, self.depth):
+            if run_id not in self.prebuilds:
+                sub, problem = self._by_id[run_id]
+                assert problem is not None  # gradeable runs have their problem
+                self.prebuilds[run_id] = self._start(sub, problem)
+
+    def take(self, build_timeout_s: float) -> tuple[Submission, Problem | None, str | None, Prebuild | None] | None:
+        """The run the GPU grades next, with the run it goes ahead of (None when it was first) and its
+        prebuild (None without one); None while every run that may go next is still building."""
+        self.start_builds()
+        at = next_to_grade(self._ids(), self.prebuilds, self.held, build_timeout_s,
+                           needs_build=lambda run_id: self.depth > 0 and run_id in self.gradeable)
+        if at is None:
+            return None
+        sub, problem = self.pending.pop(at)
+        ahead_of = self.pending[0][0].run_id if at else None
+        build = self.prebuilds.pop(sub.run_id, None)
+        self.start_builds()  # the next one's, while this one grades
+        return sub, problem, ahead_of, build
+
+    def running(self) -> list[str]:
+        return [run_id for run_id, build in self.prebuilds.items() if build.proc.poll() is None]
+
+    def stop(self) -> None:
+        """End every build still running (a batch that stops early leaves no compiler behind)."""
+        for build in self.prebuilds.values():
+            finish_prebuild(build, 0)
+
+    def _ids(self) -> list[str]:
+        return [sub.run_id for sub, _ in self.pending]
 
 
 def _interruptions(out: Path, gpu: str, console: Console | None = None) -> dict[str, Interruption]:
