@@ -94,6 +94,15 @@ EVIDENCE: dict[str, str] = {
         "somewhere, which an exception or a failed build prints and a value mismatch does not. On the "
         "H200 it builds from the published file and is exact on all 80 checks, the structural tie and "
         "spike cases included, and on every timed call"),
+    "20260707_044245_longcat-claude_LongCat-2.0_07_w4a16_gemm": (
+        "other GPU: theirs graded it on an RTX PRO 6000 (sm_120); on an H100 (sm_90, Triton 3.6.0) its "
+        "autotuner's first call faults with an illegal memory access. bench/autotune_configs.py --shape 0 ran "
+        "each of its 9 configs alone in a fresh process (2026-12-05, H100 80GB HBM3): 8 give the reference's "
+        "output, and config 8 (BM 64, BN 32, BK 128, 4 warps, 4 stages) faults alone (run under "
+        "compute-sanitizer's memcheck, it faults again and memcheck names no out-of-bounds access). Read from "
+        "its code, every address that config touches is inside its tensors at every 07 shape "
+        "(x and the packed weights masked on M and K, N a multiple of every BN): the fault is in Triton's "
+        "sm_90 code for that tile, which the autotuner benchmarks whichever config would win"),
     "20260618_151017_gemini_gemini-3.5-flash_02_kimi_linear_decode": (
         "on the H200 its step gave one output on each of 6 timing states of context 8192 (10 back-to-back "
         "calls each, bench/step_determinism.py --queued), every one within the bound; on the failing "

@@ -27,6 +27,7 @@ from kernelboard.sitegen.agreement import (
     classify,
     their_reason,
 )
+from kernelboard.sitegen.board import gpu_label
 from kernelboard.sitegen.format import pct
 from kernelboard.sitegen.load import SiteData, load_site
 from kernelboard.sitegen.pages import plan
@@ -285,7 +286,9 @@ def test_the_methodology_page_lists_the_differences(committed: SiteData) -> None
     words = text(section)
     a = agreement(committed)
     assert "Where we differ from the original grader" in words
-    assert f"{a.regraded} of {a.published} published kernels regraded so far (on NVIDIA H200" in words
+    graded_on = ", ".join(gpu_label(committed, gpu) for gpu in a.gpus)  # every GPU of ours, by its name
+    assert "NVIDIA H200" in graded_on
+    assert f"{a.regraded} of {a.published} published kernels regraded so far (on {graded_on})" in words
     figures = section.find(".//dl")
     facts = dict(zip((text(dt) for dt in figures.iterfind("dt")), (text(dd) for dd in figures.iterfind("dd")),
                      strict=True))
