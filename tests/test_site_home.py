@@ -197,5 +197,5 @@ def test_the_committed_six_problem_board_fits_a_laptop_screen(browser: Browser, 
             " t.closest('.table-wrap').clientWidth, t.caption ? t.caption.textContent.trim() : ''])")
     page.close()
     hard = [b for b in boards if b[3].startswith("Hard deck")]  # the Mega boards have their one problem
-    assert hard and all(n == 6 for n, _, _, _ in hard), boards
+    assert hard and max(n for n, _, _, _ in hard) == 6, boards  # a GPU's board has the problems graded on it
     assert all(width <= wrap for _, width, wrap, _ in boards), boards
