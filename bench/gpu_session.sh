@@ -14,7 +14,9 @@
 #   TRITON_AHEAD='glob'  archives of `kernelboard eval compile-ahead` (Triton kernels compiled on a CPU host
 #               for sm_90), unpacked into the grader's cache root first where `kernelboard eval check-ahead`
 #               finds their cache keys can match (same Python ABI and Triton build): each grading's log then
-#               says how many of them it found built, and 0 built while grading
+#               says how many of them it found built, and 0 built while grading. With IDS, the call ends by
+#               writing $OUT/triton-kept.tgz (`kernelboard eval keep-ahead`): what this host compiled for the
+#               runs it was cut off in, for the next call's TRITON_AHEAD, so a long compile goes on from there
 # Results are packed into $OUT (default ./gpu-session-out) every 30 s, so a call cut short still
 # returns what finished: res.tgz is a results folder, SEED for the next call and `eval merge`'s source.
 # DEADLINE: seconds after the start at which gradings are interrupted (SIGINT: finished rows stay, the run cut
@@ -91,6 +93,9 @@ if [ -n "${IDS:-}" ]; then
   new_logs '*.prebuild.log' | xargs -r grep -H "Triton kernel variants compiled" | sed 's|.*/||'
   # runs a batch was cut off in (graded last by the next: eval/interrupted.py)
   for f in $WORK/res/*/interrupted.json; do [ -f "$f" ] && echo "== interrupted runs ($f):" && cat "$f"; done
+  # the Triton variants this host compiled for those runs, so that the next call's compile goes on from them
+  .venv-eval/bin/kernelboard eval keep-ahead --results $WORK/res --submissions data/submissions/$DECK \
+    --arch "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1)" --out "$OUT/triton-kept.tgz"
 fi
 
 kill $PACKER 2>/dev/null

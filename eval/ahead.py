@@ -24,6 +24,13 @@ which need not be the grader's, so the prebuild here refuses torch's JIT builds 
 grader's sandbox: the same import, the same warm call on meta tensors, only a longer limit. A
 grading's `grade_seconds` counts the prebuild it ran on the GPU host, so a kernel compiled here is
 graded faster than its compile: the session that carries an archive says which runs it covered.
+
+Compiled ahead on the GPU host itself: a call cut off in a long compile leaves the variants Triton finished in
+that host's cache, and the next call starts on a fresh host. `kernelboard eval keep-ahead` archives them, the
+Triton caches of the runs a results folder records as interrupted (`interrupted.json`), in the same form
+with the same manifest, so the next call unpacks them and its compile goes on where the last one stopped
+(`bench/gpu_session.sh` writes `triton-kept.tgz` beside its results). Its fingerprint is the GPU image's own,
+so it matches there whatever Python this host runs.
 """
 
 from __future__ import annotations
@@ -48,11 +55,12 @@ from rich.console import Console
 from kernelboard.errors import UsageError
 
 from .deck import load_deck
+from .interrupted import read_records
 from .jail import Jail, make_jail
 from .prebuild import grading_capability
 from .sandbox import built_kernels, cache_dir, finish_prebuild
 from .schedule import EvalOptions, prebuild_copy, select_submissions
-from .submission import Submission
+from .submission import Submission, discover
 from .triton_compile_only import Compiled
 
 
@@ -198,6 +206,25 @@ def _compile_one(sub: Submission, problem_dir: Path, scratch: Path, arch: str, l
         shutil.rmtree(cache_dir(key) / other, ignore_errors=True)
     cubins, _ = built_kernels(key)
     return Ahead(sub.run_id, key, len(cubins), round(seconds, 1), summary or (said[-1] if said else "no prebuild line"))
+
+
+def keep_ahead(results: Path, submissions: Path, out: Path, arch: str,
+               run_ids: tuple[str, ...] = ()) -> tuple[int, int]:
+    """Archive this host's Triton caches of the runs `results` records as interrupted (every GPU's
+    `interrupted.json`) and of `run_ids`, as compile-ahead's archive for `arch`, to `out` (written whole, or
+    not at all when no variant is cached); returns (variants, runs) archived."""
+    wanted = set(run_ids)
+    for folder in sorted(p for p in results.iterdir() if p.is_dir()) if results.is_dir() else []:
+        records, _ = read_records(results, folder.name)  # a bad file is no record: nothing to keep
+        wanted |= set(records)
+    found, _ = discover(submissions)
+    keys = {sub.run_id: sub.cache_key() for sub in found if sub.run_id in wanted}
+    cached = {run_id: key for run_id, key in sorted(keys.items()) if built_kernels(key)[0]}
+    variants = sum(len(built_kernels(key)[0]) for key in cached.values())
+    if cached:
+        _write_archive(out, [cache_dir(key) for key in cached.values()],
+                       {"arch": arch, "fingerprint": fingerprint(arch), "runs": cached})
+    return variants, len(cached)
 
 
 def _write_archive(out: Path, caches: list[Path], manifest: dict[str, object]) -> None:

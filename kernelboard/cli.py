@@ -194,6 +194,30 @@ def eval_compile_ahead(deck: Path, submissions: Path, only: tuple[str, ...], exc
     compile_ahead(deck, submissions, out, only, exclude, arch, jobs, limit_s)
 
 
+@eval.command("keep-ahead")
+@click.option("--results", type=_EXISTING_DIR, default=Path("results"), show_default=True,
+              help="The results folder whose interrupted runs' caches to keep (each GPU's interrupted.json).")
+@click.option("--submissions", type=_EXISTING_DIR, default=Path("data/submissions/hard"), show_default=True,
+              help="One folder per run: solution.py (+ sidecar files) and run.yaml.")
+@click.option("--run", "run_ids", multiple=True, metavar="RUN_ID", help="Keep this run's cache too (repeatable).")
+@click.option("--arch", default="9.0", show_default=True,
+              help="This host's GPU's compute capability (TORCH_CUDA_ARCH_LIST form), written in the manifest.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The archive to write (.tgz), for TRITON_AHEAD on the next GPU host.")
+@_os_errors_are_one_line
+def eval_keep_ahead(results: Path, submissions: Path, run_ids: tuple[str, ...], arch: str, out: Path) -> None:
+    """Archive the Triton variants this host compiled for runs a call cut off, for the next GPU host.
+
+    A kernel whose compile outlasts a GPU call starts again on every fresh host; unpacked there
+    (`bench/gpu_session.sh` TRITON_AHEAD=), this archive lets its compile go on where the last call stopped.
+    """
+    from kernelboard.eval.ahead import keep_ahead
+
+    variants, runs = keep_ahead(results, submissions, out, arch, run_ids)
+    click.echo(f"{variants} Triton kernel variants of {runs} runs → {out}" if runs else
+               f"no Triton kernel variant cached for the runs {results} records as interrupted: {out} not written")
+
+
 @eval.command("check-ahead")
 @click.argument("archive", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_os_errors_are_one_line

@@ -105,3 +105,50 @@ def test_check_ahead_names_what_keeps_an_archives_keys_from_matching(tmp_path: P
     (tmp_path / "not.tgz").write_text("not an archive")
     bad = runner.invoke(cli, ["eval", "check-ahead", str(tmp_path / "not.tgz")])
     assert bad.exit_code == 2 and "not a compile-ahead archive" in bad.output and "Traceback" not in bad.output
+
+
+def test_keep_ahead_carries_what_a_cut_off_call_compiled_to_the_next_host(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call cut off in a long compile (MiniMax-M3's 07: 297 s for 3 variants on an H100's host) leaves
+    its variants in that host's cache; keep-ahead archives the caches of the runs the results folder
+    records as interrupted, and only those, with this host's fingerprint, so the next host's check
+    passes and its compile goes on from them. With nothing cached, no archive is written."""
+    from kernelboard.eval.interrupted import add_interruption, write_records
+
+    monkeypatch.setenv("KERNELBOARD_CACHE", str(tmp_path / "cache"))
+    subs = tmp_path / "subs"
+    shutil.copytree(PUBLISHED, subs / PUBLISHED.name)
+    (subs / "b_graded").mkdir()
+    (subs / "b_graded" / "solution.py").write_text(REFERENCE)
+    (subs / "b_graded" / "run.yaml").write_text("problem: 07_w4a16_gemm\nmodel: test\nharness: pytest\n"
+                                                "agent_outcome: completed\n")
+    found = {s.run_id: s for s in discover(subs)[0]}
+    cut, graded = found[PUBLISHED.name], found["b_graded"]
+    results = tmp_path / "res"
+    runner = CliRunner()
+    args = ["eval", "keep-ahead", "--results", str(results), "--submissions", str(subs), "--arch", "9.0"]
+    (results / "h100-sxm").mkdir(parents=True)
+    write_records(results, "h100-sxm", add_interruption({}, cut.run_id, cut.solution_sha256(), 8.5,
+                                                         "correctness", "2026-12-05T13:23:24+00:00"))
+    none = runner.invoke(cli, [*args, "--out", str(tmp_path / "none.tgz")])
+    assert none.exit_code == 0 and "not written" in none.output, none.output
+    assert not (tmp_path / "none.tgz").exists()
+    for sub in (cut, graded):  # each has a variant in this host's cache; only the cut one travels
+        variant = tmp_path / "cache" / sub.cache_key() / "triton" / "ABCD"
+        variant.mkdir(parents=True)
+        (variant / "_w4a16_kernel.cubin").write_bytes(b"\x7fELF")
+    (results / "h200").mkdir()
+    (results / "h200" / "interrupted.json").write_text("{not json")  # a bad record file is no record
+    out = tmp_path / "kept" / "triton-kept.tgz"
+    kept = runner.invoke(cli, [*args, "--out", str(out)])
+    assert kept.exit_code == 0 and f"1 Triton kernel variants of 1 runs → {out}" in kept.output, kept.output
+    with tarfile.open(out) as tar:
+        manifest = json.load(tar.extractfile(MANIFEST))  # type: ignore[arg-type]
+        names = tar.getnames()
+    assert manifest["runs"] == {cut.run_id: cut.cache_key()} and manifest["arch"] == "9.0"
+    assert f"{cut.cache_key()}/triton/ABCD/_w4a16_kernel.cubin" in names
+    assert not any(name.startswith(graded.cache_key()) for name in names)
+    check = runner.invoke(cli, ["eval", "check-ahead", str(out)])
+    assert check.exit_code == 0 and "1 Triton kernel variants, keyed as this host's" in check.output, check.output
+    also = runner.invoke(cli, [*args, "--run", "b_graded", "--out", str(out)])  # --run adds one
+    assert also.exit_code == 0 and "2 Triton kernel variants of 2 runs" in also.output, also.output
