@@ -506,7 +506,8 @@ class BuildQueue:
 
     def start_builds(self) -> None:
         """Start the builds of the window that are not running yet (`depth` at most)."""
-        for run_id in build_window(self._ids(), self.gradeable, self.held, self.depth):
+        built = {run_id for run_id, build in self.prebuilds.items() if build.proc.poll() is not None}
+        for run_id in build_window(self._ids(), self.gradeable, self.held, self.depth, built):
             if run_id not in self.prebuilds:
                 sub, problem = self._by_id[run_id]
                 assert problem is not None  # gradeable runs have their problem
@@ -547,11 +548,15 @@ def _interruptions(out: Path, gpu: str, console: Console | None = None) -> dict[
     return records
 
 
-def build_window(pending: list[str], gradeable: Container[str], held: Container[str], depth: int) -> list[str]:
-    """The runs whose builds run now: `depth` of the gradeable ones in `pending` (queue order). Runs held
-    back (interrupted in earlier batches: long compiles, most of them) build first, up to `depth` - 1 of
-    them, so that their compile runs beside the grading of the others instead of after it."""
-    todo = [run_id for run_id in pending if run_id in gradeable]
+def build_window(pending: list[str], gradeable: Container[str], held: Container[str], depth: int,
+                 built: Container[str] = frozenset()) -> list[str]:
+    """The runs whose builds run now: `depth` of the gradeable ones in `pending` (queue order) whose builds
+    have not ended (`built`: those wait for the GPU and take no core). Runs held back (interrupted in
+    earlier batches: long compiles, most of them) build first, up to `depth` - 1 of them, so that their
+    compile runs beside the grading of the others instead of after it; once built, a held run waits to be
+    graded last without keeping the builds behind it from starting (on an H100's host two held runs' ended
+    builds and a slow one had kept the GPU idle for about 290 s)."""
+    todo = [run_id for run_id in pending if run_id in gradeable and run_id not in built]
     early = [run_id for run_id in todo if run_id in held][:max(depth - 1, 0)]
     return (early + [run_id for run_id in todo if run_id not in early])[:depth]
 

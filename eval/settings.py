@@ -223,6 +223,8 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: 0.5.7 measures every problem's baselines before any build starts, builds the first run ahead too, and has
 #: the GPU take the first run whose build has ended (schedule.next_to_grade), with runs held back built
 #: first (schedule.build_window); its warm call may run 480 s: scheduling only, no check or figure changes.
+#: 0.5.8: a build that has ended keeps no place among the `depth` running ahead (a held run built early no
+#: longer stops the builds behind it while it waits to go last): scheduling only, no check or figure changes.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 

@@ -171,6 +171,30 @@ def _build(ended: bool, age_s: float = 1.0) -> Any:
     return SimpleNamespace(proc=SimpleNamespace(poll=lambda: 0 if ended else None), started=time.monotonic() - age_s)
 
 
+def test_a_held_runs_ended_build_does_not_stop_the_builds_behind_it() -> None:
+    """The H100 call of 2026-12-05: a held run built in 7 s and waited to be graded last, and with it in
+    the window behind two slow builds the GPU idled about 290 s. An ended build frees its slot."""
+    from kernelboard.eval.schedule import BuildQueue
+
+    ended: dict[str, bool] = {}
+    started: list[str] = []
+
+    def start(sub: Any, problem: Any) -> Any:
+        started.append(sub.run_id)
+        ended[sub.run_id] = False
+        return SimpleNamespace(proc=SimpleNamespace(poll=lambda: 0 if ended[sub.run_id] else None),
+                               started=time.monotonic())
+
+    queue = [(SimpleNamespace(run_id=r), object()) for r in ("a", "b", "c", "h1")]
+    builds = BuildQueue(queue, {"a", "b", "c", "h1"}, {"h1"}, 2, start)  # type: ignore[arg-type]
+    assert builds.take(600.0) is None and started == ["h1", "a"]  # the held run builds early
+    ended["h1"] = True  # built; it still goes last
+    assert builds.take(600.0) is None and started == ["h1", "a", "b"]  # b builds beside a
+    ended["b"] = True
+    sub, _, ahead_of, build = builds.take(600.0)  # type: ignore[misc]
+    assert (sub.run_id, ahead_of, build is not None) == ("b", "a", True) and started == ["h1", "a", "b", "c"]
+
+
 def test_the_build_window_is_the_queue_head_with_held_runs_built_early() -> None:
     from kernelboard.eval.schedule import build_window
 
@@ -182,6 +206,9 @@ def test_the_build_window_is_the_queue_head_with_held_runs_built_early() -> None
     assert build_window(queue, gradeable, {"h1"}, 1) == ["a"]
     assert build_window(queue, gradeable, set(), 0) == []  # no prebuilds (the CPU)
     assert build_window(["h1"], gradeable, {"h1"}, 1) == ["h1"]  # the last run left
+    # an ended build keeps no slot: a held run built early waits to go last while the others build on
+    assert build_window(queue, gradeable, {"h1"}, 3, built={"h1"}) == ["a", "b", "c"]
+    assert build_window(queue, gradeable, {"h1", "h2"}, 3, built={"h1", "a"}) == ["h2", "b", "c"]
 
 
 def test_next_to_grade_takes_the_first_run_that_is_ready_and_keeps_held_runs_last() -> None:
