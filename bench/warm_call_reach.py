@@ -11,7 +11,7 @@ GPU, each shape's launches compiled and none run: the census counts the submissi
 compiled at least one (`triton` in the JSON: variants compiled, seconds), and those it compiled none of.
 
     python bench/warm_call_reach.py --deck eval/decks/hard --submissions data/submissions/hard [--jobs 2]
-        [--only GLOB] [--json reach.json]
+        [--only GLOB ...] [--json reach.json]
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ sys.exit(main(sys.argv[1:]))
 
 
 def reach(sub: Submission, problem_dir: Path, scratch: Path, jail: object) -> tuple[str, str, list[float]]:
-    """(phase, the log's last line, [Triton variants compiled, seconds]): phase is import, warm call, none
+    """(phase, the log's last line, [Triton variants compiled, seconds]): phase is import, warm call (on
+    meta), fake CUDA (the warm call again on fake CUDA tensors, after the one on meta stopped), none
     (an extension source that no phase reached), triton (Triton only, some compiled in the warm call),
     triton-none (Triton only, none compiled) or plain (neither)."""
     folder = scratch / sub.run_id
@@ -78,7 +79,8 @@ def reach(sub: Submission, problem_dir: Path, scratch: Path, jail: object) -> tu
     if "[probe] build reached" in lines:
         at = lines.index("[probe] build reached")
         imported = next((i for i, line in enumerate(lines) if line.startswith("[prebuild] imported")), len(lines))
-        return ("import" if at < imported else "warm call"), last, triton
+        fake = next((i for i, line in enumerate(lines) if "on fake CUDA tensors" in line), len(lines))
+        return ("import" if at < imported else "warm call" if at < fake else "fake CUDA"), last, triton
     source = "\n".join(p.read_text(errors="replace") for p in folder.rglob("*.py"))
     if "load_inline" in source or "cpp_extension" in source:
         return "none", last, triton
@@ -91,14 +93,14 @@ def reach(sub: Submission, problem_dir: Path, scratch: Path, jail: object) -> tu
 @click.option("--deck", type=click.Path(path_type=Path), default=Path("eval/decks/hard"), show_default=True)
 @click.option("--submissions", type=click.Path(path_type=Path), default=Path("data/submissions/hard"),
               show_default=True)
-@click.option("--only", default="*", show_default=True, help="run_id glob")
+@click.option("--only", multiple=True, default=("*",), show_default=True, help="run_id glob (repeatable)")
 @click.option("--jobs", type=int, default=2, show_default=True)
 @click.option("--json", "json_out", type=click.Path(path_type=Path), help="write every submission's phase here")
-def main(deck: Path, submissions: Path, only: str, jobs: int, json_out: Path | None) -> None:
+def main(deck: Path, submissions: Path, only: tuple[str, ...], jobs: int, json_out: Path | None) -> None:
     console = Console()
     problems = load_deck(deck)
     subs = [s for s in discover(submissions)[0]
-            if fnmatch.fnmatch(s.run_id, only) and s.problem in problems and s.has_solution]
+            if any(fnmatch.fnmatch(s.run_id, g) for g in only) and s.problem in problems and s.has_solution]
     jail = make_jail(sandboxed=True, device="cpu", hide=[deck.resolve(), submissions.resolve()])
     console.print(f"{len(subs)} submissions, {jobs} at a time (each imports torch: a few seconds) …")
     found: dict[str, dict[str, str]] = {}
@@ -111,12 +113,12 @@ def main(deck: Path, submissions: Path, only: str, jobs: int, json_out: Path | N
             found[sub.run_id] = {"problem": sub.problem, "phase": phase, "last": last, "triton": triton}
             if phase == "none":
                 console.print(f"  {sub.run_id}: no phase reached its build — {last}", markup=False)
-    table = Table("problem", "at import", "warm call", "not reached", "Triton: compiled", "Triton: none",
-                  "neither", "all", "Triton variants", "Triton s")
+    table = Table("problem", "at import", "warm call", "fake CUDA call", "not reached", "Triton: compiled",
+                  "Triton: none", "neither", "all", "Triton variants", "Triton s")
     for name in sorted({v["problem"] for v in found.values()}):
         rows = [v for v in found.values() if v["problem"] == name]
         counts = Counter(v["phase"] for v in rows)
-        phases = ("import", "warm call", "none", "triton", "triton-none", "plain")
+        phases = ("import", "warm call", "fake CUDA", "none", "triton", "triton-none", "plain")
         table.add_row(name, *(str(counts[p]) for p in phases),
                       str(len(rows)), str(int(sum(v["triton"][0] for v in rows))),
                       f"{sum(v['triton'][1] for v in rows):.0f}")

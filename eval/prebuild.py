@@ -6,7 +6,8 @@ TRITON_CACHE_DIR) and with the same TORCH_CUDA_ARCH_LIST the grading worker will
 `load_inline` / CUDA-source build done at import is already cached when the worker imports it. With
 WARM_CALL_S, it then builds the solution's Model and calls it on meta tensors of each shape
 (`warm_call`), for the kernels that build in their constructor or on their first call, Triton's
-included (compiled for the grading arch, launched nowhere: triton_compile_only.py).
+included (compiled for the grading arch, launched nowhere: triton_compile_only.py); for a GPU grading,
+then again on fake CUDA tensors, for the builds behind `if x.is_cuda`.
 
 Best effort: whatever happens here is ignored; the worker's own import decides the verdict. The
 candidate code runs as hostile as anywhere: own process group, scratch copy, killed at the build
@@ -87,25 +88,18 @@ def warm_call(problem: Any, reference: types.ModuleType, solution: types.ModuleT
     compiled: list[Any] = []
 
     def calls() -> None:
-        import torch
-
         with _answering_capability(capability), _compiling_triton(capability) as triton:
             compiled.append(triton)
-            for model, inputs, where in _warm_calls(problem, reference, solution):
+            drawn = []  # the shapes drawn on meta
+            for model, inputs, where, shape in _warm_calls(problem, reference, solution):
                 if model is None:
                     print(f"[prebuild] warm call {where}", flush=True)
                     continue
                 print(f"[prebuild] warm call: its Model built {where}", flush=True)
-                began = time.perf_counter()
-                try:
-                    entry = getattr(model, problem.stateful.entry) if problem.stateful else model  # Mega: step()
-                    with torch.no_grad():
-                        entry(*inputs)
-                except BaseException as exc:  # the end it usually comes to: a read of a meta tensor's data
-                    said = f"ended after {time.perf_counter() - began:.1f} s: {_said(exc)}"
-                else:
-                    said = f"returned in {time.perf_counter() - began:.1f} s"
-                print(f"[prebuild] warm call {said}", flush=True)
+                _call(problem, model, inputs)
+                drawn += [shape] if shape is not None else []
+            for shape in drawn if capability is not None else []:  # again, where `x.is_cuda` is true
+                _fake_cuda_call(problem, reference, solution, shape)
 
     thread = threading.Thread(target=_logged(calls), daemon=True, name="warm-call")
     thread.start()
@@ -116,6 +110,40 @@ def warm_call(problem: Any, reference: types.ModuleType, solution: types.ModuleT
         print(f"[prebuild] warm call stopped at its limit of {limit_s:g} s", flush=True)
         os._exit(0)  # the thread cannot be stopped; the process can
     print(f"[prebuild] warm calls done in {time.perf_counter() - start:.1f} s", flush=True)
+
+
+def _call(problem: Any, model: Any, inputs: list[Any]) -> None:
+    """One warm call, said in the log (the end it usually comes to is a read of a meta tensor's data)."""
+    import torch
+
+    began = time.perf_counter()
+    try:
+        entry = getattr(model, problem.stateful.entry) if problem.stateful else model  # Mega: step()
+        with torch.no_grad():
+            entry(*inputs)
+    except BaseException as exc:
+        print(f"[prebuild] warm call ended after {time.perf_counter() - began:.1f} s: {_said(exc)}", flush=True)
+        return
+    print(f"[prebuild] warm call returned in {time.perf_counter() - began:.1f} s", flush=True)
+
+
+def _fake_cuda_call(problem: Any, reference: types.ModuleType, solution: types.ModuleType, shape: Any) -> None:
+    """The warm call again, its Model and inputs fake CUDA tensors (torch's FakeTensorMode: a device of
+    "cuda", shapes, no data and no GPU), for a kernel that builds only where its input is on the GPU
+    (`if x.is_cuda: _get_ext()`): kinetic-0715's 07 of 2026-07-16 built its extension for 74 s of the
+    H100's time that way, its call on meta having returned through its PyTorch fallback. A fake tensor's
+    data pointer reads 0 and an op computes only shapes, so the call goes on to its build and its Triton
+    launches (compiled, run nowhere); a launch of its own kernel, or a read of data, ends it as on meta."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    label = shape.label or "a shape"
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model, inputs = _model_and_inputs(problem, reference, solution, shape, "cuda", "cuda")
+            print(f"[prebuild] warm call: its Model built on fake CUDA tensors at {label}", flush=True)
+            _call(problem, model, inputs)
+    except BaseException as exc:
+        print(f"[prebuild] warm call on fake CUDA tensors at {label} not made: {_said(exc)}", flush=True)
 
 
 def _logged(calls: Any) -> Any:
@@ -138,9 +166,9 @@ def _compiling_triton(capability: tuple[int, int] | None) -> contextlib.Abstract
 
 
 def _warm_calls(problem: Any, reference: types.ModuleType,
-                solution: types.ModuleType) -> Iterator[tuple[Any, list[Any], str]]:
-    """(Model, inputs, where) for each shape, all on meta; (None, [], why) for a shape that cannot be drawn
-    there. Where the first cannot (06's router reads its logits; Mega's weights come from a
+                solution: types.ModuleType) -> Iterator[tuple[Any, list[Any], str, Any]]:
+    """(Model, inputs, where, shape) for each shape, all on meta; (None, [], why, None) for a shape that
+    cannot be drawn there. Where the first cannot (06's router reads its logits; Mega's weights come from a
     torch.Generator, which meta has none of), there is one call: its Model built on the CPU at the first
     CPU shape (small: a full shape's weights on the CPU would cost seconds and gigabytes beside the timed
     process), the inputs moved to meta."""
@@ -152,16 +180,18 @@ def _warm_calls(problem: Any, reference: types.ModuleType,
             if index == 0 and problem.cpu_shapes:
                 cpu_shape = problem.cpu_shapes[0]
                 model, inputs = _model_and_inputs(problem, reference, solution, cpu_shape, "cpu")
-                yield model, inputs, f"on the CPU at the first CPU shape ({cpu_shape.label or 'cpu shape 0'})"
+                yield (model, inputs, f"on the CPU at the first CPU shape ({cpu_shape.label or 'cpu shape 0'})",
+                       None)
                 return
-            yield None, [], f"skipped {label}: its Model or inputs cannot be drawn on meta ({_said(exc)})"
+            yield None, [], f"skipped {label}: its Model or inputs cannot be drawn on meta ({_said(exc)})", None
             continue
-        yield model, inputs, f"on meta at {label}"
+        yield model, inputs, f"on meta at {label}", shape
 
 
 def _model_and_inputs(problem: Any, reference: types.ModuleType, solution: types.ModuleType, shape: Any,
-                      built_on: str) -> tuple[Any, list[Any]]:
-    """The solution's Model built on `built_on` (meta or cpu) at `shape`, and that shape's inputs on meta."""
+                      built_on: str, inputs_on: str = "meta") -> tuple[Any, list[Any]]:
+    """The solution's Model built on `built_on` (meta, cpu, or cuda under a FakeTensorMode) at `shape`, and
+    that shape's inputs on `inputs_on`."""
     import torch
 
     from .plan import apply_shape, install_shapes_module, moved
@@ -171,7 +201,7 @@ def _model_and_inputs(problem: Any, reference: types.ModuleType, solution: types
     apply_shape(reference, problem, shape)
     with torch.device(built_on):
         model = cls(*moved(list(reference.get_init_inputs()), built_on))
-        return model, moved(list(reference.get_inputs()), "meta")
+        return model, moved(list(reference.get_inputs()), inputs_on)
 
 
 def grading_capability(arch_list: str) -> tuple[int, int] | None:

@@ -387,14 +387,16 @@ def test_the_warm_call_draws_on_the_cpu_what_meta_cannot_and_answers_the_grading
     hard = load_problem(DECK / "05_topk_bitonic")
     reference = import_file("reference", hard.reference_path)
     calls = list(_warm_calls(hard, reference, reference))
-    assert [where for _, _, where in calls] == [f"on meta at {s.label}" for s in hard.shapes]  # one per shape
-    assert all(x.is_meta for _, inputs, _ in calls for x in inputs)
-    for (model, inputs, _), shape in zip(calls, hard.shapes, strict=True):
+    assert [where for _, _, where, _ in calls] == [f"on meta at {s.label}" for s in hard.shapes]  # one per shape
+    assert [shape for _, _, _, shape in calls] == list(hard.shapes)
+    assert all(x.is_meta for _, inputs, _, _ in calls for x in inputs)
+    for (model, inputs, _, _), shape in zip(calls, hard.shapes, strict=True):
         assert model(*inputs)[0].shape == (shape.params["batch"], shape.params["k"])
 
     moe = load_problem(DECK / "06_sonic_moe_swiglu")
     reference = import_file("reference", moe.reference_path)
-    [(model, inputs, where)] = _warm_calls(moe, reference, reference)
+    [(model, inputs, where, shape)] = _warm_calls(moe, reference, reference)
+    assert shape is None  # a CPU shape's call: none on fake CUDA tensors follows it
     assert where.startswith("on the CPU at the first CPU shape") and all(
         x.is_meta for x in inputs if isinstance(x, torch.Tensor))
     assert not any(p.is_meta for p in model.parameters())
@@ -431,6 +433,43 @@ def test_the_warm_call_of_a_stateful_problem_calls_its_entry(capsys: pytest.Capt
     said = capsys.readouterr().out
     assert "[prebuild] warm call: its Model built on meta" in said
     assert "RuntimeError: step reached with a (2304,) meta hidden" in said
+
+
+def test_the_warm_call_runs_again_on_fake_cuda_tensors_for_a_build_behind_is_cuda(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """kinetic-0715's 07 of 2026-07-16 builds its extension only where `x.is_cuda` (and its data pointer is
+    aligned); on meta its PyTorch fallback returns, and the H100 spent 74 s of its time on that build. For
+    a GPU grading (an arch to answer), every shape is called again on fake CUDA tensors, which reach it."""
+    import types
+
+    from kernelboard.eval.deck import load_problem
+    from kernelboard.eval.plan import import_file
+    from kernelboard.eval.prebuild import warm_call
+
+    problem = load_problem(DECK / "07_w4a16_gemm")
+    reference = import_file("reference", problem.reference_path)
+
+    class Model(torch.nn.Module):  # its shape: a packed weight built at init, a fallback that returns on meta
+        def __init__(self, M: int, N: int, K: int) -> None:
+            super().__init__()
+            self.register_buffer("w_q", torch.zeros(K // 2, N, dtype=torch.uint8))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.is_cuda and x.data_ptr() % 32 == 0:
+                print(f"BUILD REACHED at {tuple(x.shape)} on {x.device}, weights on {self.w_q.device}", flush=True)
+                raise RuntimeError("its own kernel's launch")
+            return x.new_empty(x.shape[0], self.w_q.shape[1])
+
+    warm_call(problem, reference, types.SimpleNamespace(Model=Model), 120, (9, 0))
+    said = capsys.readouterr().out
+    shapes = [(s.params["M"], s.params["K"]) for s in problem.shapes]
+    assert said.count("[prebuild] warm call returned") == len(shapes)  # on meta: the fallback
+    for m, k in shapes:
+        assert f"BUILD REACHED at ({m}, {k}) on cuda:0, weights on cuda:0" in said, said
+    assert said.count("warm call: its Model built on fake CUDA tensors at") == len(shapes)
+    assert "RuntimeError: its own kernel's launch" in said
+    warm_call(problem, reference, types.SimpleNamespace(Model=Model), 120, None)  # a CPU grading: no such call
+    assert "fake CUDA" not in capsys.readouterr().out
 
 
 def test_a_thread_the_solution_leaves_running_does_not_keep_the_prebuild_alive(tmp_path: Path) -> None:
