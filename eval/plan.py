@@ -69,10 +69,8 @@ def draw_inputs(reference: types.ModuleType, seed: int, device: str, on_device: 
 def moved(value: Any, device: str) -> Any:
     """`value` on `device`, into lists, tuples and dicts: a stateful problem's inputs are a hidden
     tensor and a state of per-layer dicts (Mega's `get_inputs()`), all of which must move."""
-    if isinstance(value, torch.Tensor):  # one already there stays as it is (as `.to` would return it),
-        # untouched: a fake CUDA tensor of the prebuild's (`prebuild._fake_cuda_call`) cannot `.to("cuda")`
-        # in a torch built without CUDA
-        return value if value.device.type == device else value.to(device)
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
     if isinstance(value, dict):
         return {key: moved(item, device) for key, item in value.items()}
     if isinstance(value, list | tuple):

@@ -139,7 +139,7 @@ def _fake_cuda_call(problem: Any, reference: types.ModuleType, solution: types.M
     label = shape.label or "a shape"
     try:
         with FakeTensorMode(allow_non_fake_inputs=True):
-            model, inputs = _model_and_inputs(problem, reference, solution, shape, "cuda", "cuda")
+            model, inputs = _model_and_inputs(problem, reference, solution, shape, "cuda", None)
             print(f"[prebuild] warm call: its Model built on fake CUDA tensors at {label}", flush=True)
             _call(problem, model, inputs)
     except BaseException as exc:
@@ -189,9 +189,9 @@ def _warm_calls(problem: Any, reference: types.ModuleType,
 
 
 def _model_and_inputs(problem: Any, reference: types.ModuleType, solution: types.ModuleType, shape: Any,
-                      built_on: str, inputs_on: str = "meta") -> tuple[Any, list[Any]]:
+                      built_on: str, inputs_on: str | None = "meta") -> tuple[Any, list[Any]]:
     """The solution's Model built on `built_on` (meta, cpu, or cuda under a FakeTensorMode) at `shape`, and
-    that shape's inputs on `inputs_on`."""
+    that shape's inputs on `inputs_on` (None: where `built_on` as the default device put them)."""
     import torch
 
     from .plan import apply_shape, install_shapes_module, moved
@@ -201,7 +201,8 @@ def _model_and_inputs(problem: Any, reference: types.ModuleType, solution: types
     apply_shape(reference, problem, shape)
     with torch.device(built_on):
         model = cls(*moved(list(reference.get_init_inputs()), built_on))
-        return model, moved(list(reference.get_inputs()), inputs_on)
+        inputs = list(reference.get_inputs())
+        return model, inputs if inputs_on is None else moved(inputs, inputs_on)
 
 
 def grading_capability(arch_list: str) -> tuple[int, int] | None:
