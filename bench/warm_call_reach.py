@@ -33,9 +33,14 @@ from rich.table import Table
 
 from kernelboard.eval.deck import load_deck
 from kernelboard.eval.jail import make_jail, problem_copy, problem_root, start
+from kernelboard.eval.prebuild import GRADING_GPU_ENV
 from kernelboard.eval.settings import PREBUILD_WARM_CALL_S
 from kernelboard.eval.submission import Submission, discover
 from kernelboard.eval.triton_compile_only import Compiled
+
+# The GPU the census's prebuilds answer `torch.cuda.get_device_properties` for: an H200 (132 SMs; sm_90, as
+# TORCH_CUDA_ARCH_LIST says; its memory and L2 from its datasheet, where the grader passes the probe's bytes).
+GRADING_GPU = {"device_name": "NVIDIA H200", "sm_count": 132, "memory_bytes": 141_000_000_000, "l2_bytes": 52_428_800}
 
 # Runs the prebuild with torch's two JIT build entry points replaced by a probe.
 PROBE = """
@@ -58,6 +63,7 @@ def reach(sub: Submission, problem_dir: Path, scratch: Path, jail: object) -> tu
     folder = scratch / sub.run_id
     shutil.copytree(sub.folder, folder, ignore=shutil.ignore_patterns("run.yaml", "__pycache__"))
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TORCH_CUDA_ARCH_LIST": "9.0", "HOME": str(folder),
+           GRADING_GPU_ENV: json.dumps(GRADING_GPU),
            "TORCH_EXTENSIONS_DIR": str(folder / "_ext"), "TRITON_CACHE_DIR": str(folder / "_triton"),
            "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     problem = problem_copy(problem_dir, folder)  # the decks stay hidden, as in a grading

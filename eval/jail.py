@@ -50,7 +50,7 @@ JAIL_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "CUDA_VISIBLE_DEVICES", "CUDA_HOME",
             "PYTHONPATH", "TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH", "PYTHONDONTWRITEBYTECODE",
             "PYTHONUNBUFFERED", "PYTHONSAFEPATH", "TRITON_INTERPRET", "TORCH_CUDA_ARCH_LIST", "CUTLASS_PATH",
             "CPATH", "CPLUS_INCLUDE_PATH", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "OMP_NUM_THREADS",
-            "MKL_NUM_THREADS")
+            "MKL_NUM_THREADS", "KERNELBOARD_GRADING_GPU")  # the last: the grading GPU for the prebuild (prebuild.py)
 
 #: System folders shown read-only (those that exist; a symlink such as /bin -> usr/bin is recreated).
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt", "/sys")

@@ -29,6 +29,9 @@ from typing import Any
 
 #: The prebuild's last argument that refuses torch's extension builds (`_refuse_extension_builds`).
 NO_EXTENSIONS = "no-extensions"
+#: The grading GPU's identity (JSON of the probe's device_name, sm_count, memory_bytes, l2_bytes), which
+#: `torch.cuda.get_device_properties` answers in the prebuild (`_answering_capability`).
+GRADING_GPU_ENV = "KERNELBOARD_GRADING_GPU"
 
 
 def main(argv: list[str]) -> int:
@@ -42,19 +45,21 @@ def main(argv: list[str]) -> int:
     problem = load_problem(Path(argv[0]))
     solution_dir = Path(argv[1])
     capability = grading_capability(os.environ.get("TORCH_CUDA_ARCH_LIST", ""))  # before a solution sets its own
+    gpu = _grading_gpu(os.environ.get(GRADING_GPU_ENV, ""))
     reference = import_file("reference", problem.reference_path)
     sys.path.insert(0, str(solution_dir))
     if argv[3:] == [NO_EXTENSIONS]:
         _refuse_extension_builds()
     start = time.perf_counter()
     try:
-        solution = import_file("solution", solution_dir / "solution.py")
+        with _answering_capability(capability, gpu):  # a build at import picks its flags from them too
+            solution = import_file("solution", solution_dir / "solution.py")
     except BaseException as exc:  # the worker will report it properly
         print(f"[prebuild] import failed after {time.perf_counter() - start:.1f} s: {_said(exc)}")
         return 0
     print(f"[prebuild] imported in {time.perf_counter() - start:.1f} s", flush=True)
     if len(argv) >= 3 and float(argv[2]) > 0:
-        warm_call(problem, reference, solution, float(argv[2]), capability)
+        warm_call(problem, reference, solution, float(argv[2]), capability, gpu)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # its work is done: a thread the solution started (not a daemon) must not keep it alive
@@ -72,7 +77,7 @@ def _refuse_extension_builds() -> None:
 
 
 def warm_call(problem: Any, reference: types.ModuleType, solution: types.ModuleType, limit_s: float,
-              capability: tuple[int, int] | None) -> None:
+              capability: tuple[int, int] | None, gpu: dict[str, Any] | None = None) -> None:
     """Build the solution's Model and call it on meta tensors, once per shape, so that an extension it
     builds lazily (in its constructor, or on its first call before it touches the data: `_get_mod()` in
     `forward`) is built here, on the CPU, and cached for the worker, and so are its Triton kernels, for
@@ -80,7 +85,8 @@ def warm_call(problem: Any, reference: types.ModuleType, solution: types.ModuleT
     carry shapes and no data, so any PyTorch work costs nothing and the first read of data raises, which
     ends that shape's call. `torch.cuda.get_device_capability` answers the grading GPU's `capability`
     (the grader's TORCH_CUDA_ARCH_LIST, read before the solution's import could set its own), as the
-    worker's would, so a kernel that picks its flags from it builds what the worker will load; nothing
+    worker's would, so a kernel that picks its flags from it builds what the worker will load, and so
+    does `get_device_properties` where the scheduler named the GPU (`_answering_capability`); nothing
     else of CUDA is there (`_warm_calls` says what is built where). The calls run in a thread, given
     `limit_s` in all; past that the process exits whatever the thread does (a loop that catches every
     exception included), and the scheduler kills what is left of its group."""
@@ -88,7 +94,7 @@ def warm_call(problem: Any, reference: types.ModuleType, solution: types.ModuleT
     compiled: list[Any] = []
 
     def calls() -> None:
-        with _answering_capability(capability), _compiling_triton(capability) as triton:
+        with _answering_capability(capability, gpu), _compiling_triton(capability) as triton:
             compiled.append(triton)
             drawn = []  # the shapes drawn on meta
             for model, inputs, where, shape in _warm_calls(problem, reference, solution):
@@ -212,20 +218,42 @@ def grading_capability(arch_list: str) -> tuple[int, int] | None:
     return (int(match[1]), int(match[2])) if match else None
 
 
+def _grading_gpu(said: str) -> dict[str, Any] | None:
+    """The grading GPU's identity from GRADING_GPU_ENV (None where it is not set or cannot be read)."""
+    import json
+
+    try:
+        gpu = json.loads(said) if said else None
+    except ValueError:
+        return None
+    return gpu if isinstance(gpu, dict) else None
+
+
 @contextlib.contextmanager
-def _answering_capability(capability: tuple[int, int] | None) -> Iterator[None]:
-    """`torch.cuda.get_device_capability()` answers `capability`, where there is one."""
+def _answering_capability(capability: tuple[int, int] | None,
+                          gpu: dict[str, Any] | None = None) -> Iterator[None]:
+    """`torch.cuda.get_device_capability()` answers `capability`, where there is one; with the grading
+    GPU's identity (`gpu`), `get_device_properties()` answers its name, SM count, memory and L2 too, and
+    `current_device()` 0: six of 16 published Hard kernels whose builds no warm call reached had asked for
+    them (`multi_processor_count` to size a grid, `major`/`minor` for `-arch`) before their build."""
     import torch
 
     if capability is None:
         yield
         return
-    saved = torch.cuda.get_device_capability
+    saved = torch.cuda.get_device_capability, torch.cuda.get_device_properties, torch.cuda.current_device
     torch.cuda.get_device_capability = lambda device=None: capability  # type: ignore[assignment]
+    if gpu is not None:
+        props = types.SimpleNamespace(
+            name=str(gpu.get("device_name", "")), major=capability[0], minor=capability[1], warp_size=32,
+            multi_processor_count=int(gpu.get("sm_count", 0)), total_memory=int(gpu.get("memory_bytes", 0)),
+            L2_cache_size=int(gpu.get("l2_bytes", 0)))
+        torch.cuda.get_device_properties = lambda device=None: props  # type: ignore[assignment]
+        torch.cuda.current_device = lambda: 0  # type: ignore[assignment]
     try:
         yield
     finally:
-        torch.cuda.get_device_capability = saved
+        torch.cuda.get_device_capability, torch.cuda.get_device_properties, torch.cuda.current_device = saved
 
 
 def _said(exc: BaseException) -> str:

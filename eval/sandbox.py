@@ -39,7 +39,7 @@ from .cutlass_headers import find_cutlass
 from .jail import Jail
 from .job import Job
 from .locks import hold, lock_dir, open_lock_file
-from .prebuild import NO_EXTENSIONS
+from .prebuild import GRADING_GPU_ENV, NO_EXTENSIONS
 
 _console = Console(stderr=True, soft_wrap=True)  # lines a program may read never break mid-word
 
@@ -263,12 +263,16 @@ class Prebuild:
 
 
 def start_prebuild(problem_path: Path, solution_dir: Path, log_path: Path, cache_key: str,
-                   arch: str | None, cell: Jail, warm_call_s: float = 0.0, extensions: bool = True) -> Prebuild:
+                   arch: str | None, cell: Jail, warm_call_s: float = 0.0, extensions: bool = True,
+                   gpu: dict[str, Any] | None = None) -> Prebuild:
     """Start compiling a solution's extensions on the CPU (see prebuild.py), in the batch's sandbox
     with a private copy of the problem, with a warm call of up to `warm_call_s` (0: none); returns the
     running prebuild. Without `extensions` torch's JIT builds raise and only Triton kernels compile
-    (`ahead.py`, on a host other than the grading one)."""
+    (`ahead.py`, on a host other than the grading one). `gpu`, the grading GPU's identity as the probe
+    gave it, is what the prebuild's `torch.cuda.get_device_properties` answers."""
     env = {**worker_env(cache_key, arch), "CUDA_VISIBLE_DEVICES": ""}
+    if gpu:
+        env[GRADING_GPU_ENV] = json.dumps(gpu)
     problem = jail.problem_copy(problem_path, solution_dir)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:

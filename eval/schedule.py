@@ -313,18 +313,20 @@ def _gradeable(opts: EvalOptions, problem: Problem | None, sub: Submission) -> b
 
 def _prebuild(opts: EvalOptions, gpu: str, problem: Problem, sub: Submission, env: dict[str, Any],
               scratch: Path, cell: Jail) -> Prebuild:
+    identity = {key: env[key] for key in ("device_name", "sm_count", "memory_bytes", "l2_bytes") if key in env}
     return prebuild_copy(sub, problem.folder.resolve(), scratch, opts.out / gpu / "logs", env.get("capability"),
-                         cell, PREBUILD_WARM_CALL_S)
+                         cell, PREBUILD_WARM_CALL_S, gpu=identity if "sm_count" in identity else None)
 
 
 def prebuild_copy(sub: Submission, problem_dir: Path, scratch: Path, logs: Path, arch: str | None, cell: Jail,
-                  warm_call_s: float, extensions: bool = True) -> Prebuild:
+                  warm_call_s: float, extensions: bool = True, gpu: dict[str, Any] | None = None) -> Prebuild:
     """Start the prebuild of a scratch copy of `sub` (its run.yaml and caches left out), into its own
-    compile caches (`Submission.cache_key`), logged to `logs/<run_id>.prebuild.log`."""
+    compile caches (`Submission.cache_key`), logged to `logs/<run_id>.prebuild.log`; `gpu` is the
+    grading GPU's identity, for the prebuild's `torch.cuda.get_device_properties`."""
     folder = scratch / f"{sub.run_id}.prebuild"
     shutil.copytree(sub.folder, folder, ignore=shutil.ignore_patterns("run.yaml", "__pycache__"))
     return start_prebuild(problem_dir, folder, logs / f"{sub.run_id}.prebuild.log", sub.cache_key(), arch, cell,
-                          warm_call_s, extensions)
+                          warm_call_s, extensions, gpu)
 
 
 def jail_for(opts: EvalOptions) -> Jail:

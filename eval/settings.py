@@ -225,8 +225,9 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: first (schedule.build_window); its warm call may run 480 s: scheduling only, no check or figure changes.
 #: 0.5.8: a build that has ended keeps no place among the `depth` running ahead (a held run built early no
 #: longer stops the builds behind it while it waits to go last), and for a GPU grading the warm call runs
-#: every shape again on fake CUDA tensors (prebuild._fake_cuda_call: builds behind `if x.is_cuda`):
-#: scheduling and building only, no check or figure changes.
+#: every shape again on fake CUDA tensors (prebuild._fake_cuda_call: builds behind `if x.is_cuda`), and
+#: the prebuild answers `torch.cuda.get_device_properties` with the probe's identity of the grading GPU, at
+#: import too: scheduling and building only, no check or figure changes.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 

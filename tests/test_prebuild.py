@@ -410,6 +410,37 @@ def test_the_warm_call_draws_on_the_cpu_what_meta_cannot_and_answers_the_grading
     assert [grading_capability(a) for a in lists] == [(9, 0), (9, 0), (12, 0), (10, 0), None, None, None, None]
 
 
+def test_the_prebuild_answers_the_grading_gpus_properties_from_import_on(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six published Hard kernels whose builds no warm call reached ask torch for the GPU's properties first
+    (`NUM_SM = torch.cuda.get_device_properties(0).multi_processor_count` at import, `-arch=sm_{major}{minor}`):
+    given the grading GPU's identity as the probe reads it, the prebuild (in its sandbox, whose environment
+    is scrubbed) answers them, at import too. Without it, the query fails as it did."""
+    from kernelboard.eval.jail import make_jail
+    from kernelboard.eval.sandbox import finish_prebuild, start_prebuild
+
+    monkeypatch.setenv("KERNELBOARD_CACHE", str(tmp_path / "cache"))
+    cell = make_jail(sandboxed=True, device="cpu", hide=[])
+    source = ("import torch\n"
+              "_props = torch.cuda.get_device_properties(torch.cuda.current_device())\n"
+              "print(f'AT IMPORT sm_{_props.major}{_props.minor} {_props.multi_processor_count} SMs {_props.name}')\n"
+              "from reference import Model, get_inputs, get_init_inputs  # noqa: F401\n")
+    gpu = {"device_name": "NVIDIA H100 80GB HBM3", "sm_count": 132, "memory_bytes": 85_000_000_000,
+           "l2_bytes": 52_428_800}
+    said = {}
+    for name, identity in (("named", gpu), ("unnamed", None)):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "solution.py").write_text(source)
+        log = tmp_path / f"{name}.prebuild.log"
+        finish_prebuild(start_prebuild(DECK / "07_w4a16_gemm", folder, log, name, "9.0", cell, 0.0, True, identity),
+                        120)
+        said[name] = log.read_text()
+    assert "AT IMPORT sm_90 132 SMs NVIDIA H100 80GB HBM3" in said["named"], said["named"]
+    assert "[prebuild] imported" in said["named"]
+    assert "[prebuild] import failed" in said["unnamed"] and "AT IMPORT" not in said["unnamed"], said["unnamed"]
+
+
 def test_the_warm_call_of_a_stateful_problem_calls_its_entry(capsys: pytest.CaptureFixture[str]) -> None:
     """A Mega solution's Model has `step(hidden, state)`, no forward: the warm call calls the deck's entry
     (15 of 62 published Mega kernels reached no build before it did; 8 of them now reach it there)."""
