@@ -19,6 +19,10 @@ from kernelboard import __version__
 
 _DIR = click.Path(file_okay=False, path_type=Path)
 _EXISTING_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
+#: The submissions folder of the commands that only read it (compile-ahead, keep-ahead).
+_existing_submissions = click.option("--submissions", type=_EXISTING_DIR, default=Path("data/submissions/hard"),
+                                     show_default=True,
+                                     help="One folder per run: solution.py (+ sidecar files) and run.yaml.")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -168,8 +172,7 @@ def eval_merge(sources: tuple[Path, ...], into: Path, skip: tuple[str, ...]) -> 
 @eval.command("compile-ahead")
 @click.option("--deck", type=_EXISTING_DIR, default=Path("eval/decks/hard"), show_default=True,
               help="Problem deck: one folder per problem with problem.yaml and reference.py.")
-@click.option("--submissions", type=_EXISTING_DIR, default=Path("data/submissions/hard"), show_default=True,
-              help="One folder per run: solution.py (+ sidecar files) and run.yaml.")
+@_existing_submissions
 @click.option("--only", "only", multiple=True, metavar="GLOB", help="Only runs whose run_id matches (repeatable).")
 @click.option("--exclude", "exclude", multiple=True, metavar="GLOB", help="Leave these runs out (repeatable).")
 @click.option("--arch", default="9.0", show_default=True,
@@ -197,8 +200,7 @@ def eval_compile_ahead(deck: Path, submissions: Path, only: tuple[str, ...], exc
 @eval.command("keep-ahead")
 @click.option("--results", type=_EXISTING_DIR, default=Path("results"), show_default=True,
               help="The results folder whose interrupted runs' caches to keep (each GPU's interrupted.json).")
-@click.option("--submissions", type=_EXISTING_DIR, default=Path("data/submissions/hard"), show_default=True,
-              help="One folder per run: solution.py (+ sidecar files) and run.yaml.")
+@_existing_submissions
 @click.option("--run", "run_ids", multiple=True, metavar="RUN_ID", help="Keep this run's cache too (repeatable).")
 @click.option("--arch", default="9.0", show_default=True,
               help="This host's GPU's compute capability (TORCH_CUDA_ARCH_LIST form), written in the manifest.")
