@@ -93,12 +93,14 @@ if [ -n "${IDS:-}" ]; then
   new_logs '*.prebuild.log' | xargs -r grep -H "Triton kernel variants compiled" | sed 's|.*/||'
   # runs a batch was cut off in (graded last by the next: eval/interrupted.py)
   for f in $WORK/res/*/interrupted.json; do [ -f "$f" ] && echo "== interrupted runs ($f):" && cat "$f"; done
-  # the Triton variants this host compiled for those runs, so that the next call's compile goes on from them
-  .venv-eval/bin/kernelboard eval keep-ahead --results $WORK/res --submissions data/submissions/$DECK \
-    --arch "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1)" --out "$OUT/triton-kept.tgz"
 fi
 
 kill $PACKER 2>/dev/null
 pack
+if [ -n "${IDS:-}" ]; then  # after the results are packed: the Triton variants this host compiled for the runs
+  # it was cut off in, so that the next call's compile goes on from them
+  .venv-eval/bin/kernelboard eval keep-ahead --results $WORK/res --submissions data/submissions/$DECK \
+    --arch "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1)" --out "$OUT/triton-kept.tgz"
+fi
 nvidia-smi --query-gpu=temperature.gpu,clocks.sm --format=csv,noheader
 echo "== done at $(( $(date +%s) - T0 )) s"
