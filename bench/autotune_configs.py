@@ -11,9 +11,12 @@ fresh process; it says per config: `ok`, `wrong` (the rule's words), `error` (th
 `crashed` (no answer: the process died, with compute-sanitizer's first finding under `--sanitizer`).
 
 Candidate code runs here without the grader's sandbox: a maintainer's tool for a published kernel, not a
-grading. `--device cpu` runs Triton's interpreter (TRITON_INTERPRET=1) at the problem's CPU shapes.
+grading. `--device cpu` runs Triton's interpreter (TRITON_INTERPRET=1) at the problem's CPU shapes. Run it
+with the Python that has kernelboard installed (`.venv-eval` on a GPU host, as `make eval` makes it): a bare
+`python3` there has torch but not `kernelboard.eval`, and says so for the listing.
 
-    python3 bench/autotune_configs.py data/submissions/hard/RUN_ID --shape 0 [--sanitizer] [--json out.json]
+    .venv-eval/bin/python bench/autotune_configs.py data/submissions/hard/RUN_ID --shape 0 [--sanitizer] \
+        [--json out.json]
 """
 
 from __future__ import annotations

@@ -214,17 +214,16 @@ def keep_ahead(results: Path, submissions: Path, out: Path, arch: str,
     `interrupted.json`) and of `run_ids`, as compile-ahead's archive for `arch`, to `out` (written whole, or
     not at all when no variant is cached); returns (variants, runs) archived."""
     wanted = set(run_ids)
-    for folder in sorted(p for p in results.iterdir() if p.is_dir()) if results.is_dir() else []:
-        records, _ = read_records(results, folder.name)  # a bad file is no record: nothing to keep
-        wanted |= set(records)
+    for gpu in (p.name for p in results.iterdir() if p.is_dir()):
+        wanted |= set(read_records(results, gpu)[0])  # a bad file is no record: nothing to keep
     found, _ = discover(submissions)
-    keys = {sub.run_id: sub.cache_key() for sub in found if sub.run_id in wanted}
-    cached = {run_id: key for run_id, key in sorted(keys.items()) if built_kernels(key)[0]}
-    variants = sum(len(built_kernels(key)[0]) for key in cached.values())
+    cubins = {sub.run_id: (sub.cache_key(), len(built_kernels(sub.cache_key())[0]))
+              for sub in sorted(found, key=lambda sub: sub.run_id) if sub.run_id in wanted}
+    cached = {run_id: key for run_id, (key, count) in cubins.items() if count}
     if cached:
         _write_archive(out, [cache_dir(key) for key in cached.values()],
                        {"arch": arch, "fingerprint": fingerprint(arch), "runs": cached})
-    return variants, len(cached)
+    return sum(count for _, count in cubins.values()), len(cached)
 
 
 def _write_archive(out: Path, caches: list[Path], manifest: dict[str, object]) -> None:

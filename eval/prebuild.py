@@ -29,9 +29,10 @@ from typing import Any
 
 #: The prebuild's last argument that refuses torch's extension builds (`_refuse_extension_builds`).
 NO_EXTENSIONS = "no-extensions"
-#: The grading GPU's identity (JSON of the probe's device_name, sm_count, memory_bytes, l2_bytes), which
-#: `torch.cuda.get_device_properties` answers in the prebuild (`_answering_capability`).
+#: The grading GPU's identity (JSON of these keys of the probe's answer), which `torch.cuda.get_device_properties`
+#: answers in the prebuild (`_answering_capability`).
 GRADING_GPU_ENV = "KERNELBOARD_GRADING_GPU"
+GRADING_GPU_KEYS = ("device_name", "sm_count", "memory_bytes", "l2_bytes")
 
 
 def main(argv: list[str]) -> int:
@@ -103,9 +104,11 @@ def warm_call(problem: Any, reference: types.ModuleType, solution: types.ModuleT
                     continue
                 print(f"[prebuild] warm call: its Model built {where}", flush=True)
                 _call(problem, model, inputs)
-                drawn += [shape] if shape is not None else []
-            for shape in drawn if capability is not None else []:  # again, where `x.is_cuda` is true
-                _fake_cuda_call(problem, reference, solution, shape)
+                if shape is not None:
+                    drawn.append(shape)
+            if capability is not None:  # a GPU grading: again, where `x.is_cuda` is true
+                for shape in drawn:
+                    _fake_cuda_call(problem, reference, solution, shape)
 
     thread = threading.Thread(target=_logged(calls), daemon=True, name="warm-call")
     thread.start()

@@ -53,6 +53,7 @@ from .interrupted import (
 )
 from .jail import Jail, make_jail
 from .job import Job
+from .prebuild import GRADING_GPU_KEYS
 from .reproducible import classify
 from .sandbox import Prebuild, driver_version, finish_prebuild, gpu_lock, probe_device, run_worker, start_prebuild
 from .schema import CPU_KEY, DNF_OUTCOMES, PRECISIONS, TIME_STATS, peak_column
@@ -313,7 +314,7 @@ def _gradeable(opts: EvalOptions, problem: Problem | None, sub: Submission) -> b
 
 def _prebuild(opts: EvalOptions, gpu: str, problem: Problem, sub: Submission, env: dict[str, Any],
               scratch: Path, cell: Jail) -> Prebuild:
-    identity = {key: env[key] for key in ("device_name", "sm_count", "memory_bytes", "l2_bytes") if key in env}
+    identity = {key: env[key] for key in GRADING_GPU_KEYS if key in env}  # none on the CPU
     return prebuild_copy(sub, problem.folder.resolve(), scratch, opts.out / gpu / "logs", env.get("capability"),
                          cell, PREBUILD_WARM_CALL_S, gpu=identity if "sm_count" in identity else None)
 

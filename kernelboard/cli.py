@@ -198,7 +198,7 @@ def eval_compile_ahead(deck: Path, submissions: Path, only: tuple[str, ...], exc
 
 
 @eval.command("keep-ahead")
-@click.option("--results", type=_EXISTING_DIR, default=Path("results"), show_default=True,
+@click.option("--results", type=_EXISTING_DIR, default=Path("data/results"), show_default=True,
               help="The results folder whose interrupted runs' caches to keep (each GPU's interrupted.json).")
 @_existing_submissions
 @click.option("--run", "run_ids", multiple=True, metavar="RUN_ID", help="Keep this run's cache too (repeatable).")
