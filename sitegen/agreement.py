@@ -8,7 +8,9 @@ source board, the two verdicts are compared as pass / not pass (`eval.schema.STA
 - **agree**: both pass, or both fail (whatever each one's failing status);
 - **excluded**: not a verdict on the GPU — ours is `needs_other_arch`, `not_reproducible`, `not_graded`
   or `dnf` (the kernel says nothing about the model on this GPU), or theirs is `not_graded` or `dnf` (the
-  source published no verdict);
+  source published no verdict), or theirs is a failure whose run's GPU-lock log shows its check ran no
+  kernel (the importer's `RAN_NO_KERNEL`: every GPU command of the run, the check's included, held the
+  GPU about a second in all, less than importing torch takes; the environment failed, not the kernel);
 - **differ**, with a cause class read from our status and message by the explicit rules of `classify`.
   A class that starts "stronger check:" names a check kernelboard runs and the original grader does not
   (a stress case, structural case or seed of ours only, the run-time audits, the integrity checks; for a
@@ -38,6 +40,7 @@ from datetime import UTC, datetime
 
 from kernelboard.eval.deck import Problem
 
+from .ingest.kbh import RAN_NO_KERNEL
 from .load import CPU_KEY, Result, Run, SiteData
 
 #: Our statuses that are no verdict on the grading GPU: such a pair is excluded, not compared.
@@ -94,6 +97,18 @@ EVIDENCE: dict[str, str] = {
         "somewhere, which an exception or a failed build prints and a value mismatch does not. On the "
         "H200 it builds from the published file and is exact on all 80 checks, the structural tie and "
         "spike cases included, and on every timed call"),
+    "20260709_040836_grok_grok-4.5_07_w4a16_gemm": (
+        "their check failed after 5 s on an H100 PCIe, 5 s of it holding the GPU: too short to build its "
+        "extension, which torch's load() compiles from the sidecar w4a16_kernels.cu into .cuda_build_v7 beside "
+        "solution.py (solution.py:37–53; our prebuild took 78 s for it on 16 cores), so theirs loaded what the "
+        "agent's session had left in that folder, or stopped before building; neither the folder nor their "
+        "check log is published. On the H100 SXM it builds from the published files and is right on all 80 "
+        "checks and every timed call"),
+    "20260719_030522_grok_grok-4.5_05_topk_bitonic": (
+        "their check failed after 93 s on a B200, 45 s of it holding the GPU; the kernel has no "
+        "architecture-specific code (load_inline with torch's default target, solution.py:476–488) and their "
+        "check log is not published. On the H100 SXM it builds from the published file and is exact on all "
+        "80 checks, the structural tie and spike cases included, and on every timed call"),
     "20260707_044245_longcat-claude_LongCat-2.0_07_w4a16_gemm": (
         "other GPU: theirs graded it on an RTX PRO 6000 (sm_120); on an H100 (sm_90, Triton 3.6.0) its "
         "autotuner's first call faults with an illegal memory access. bench/autotune_configs.py --shape 0 ran "
@@ -255,6 +270,8 @@ def _classify(ours_status: str, ours_message: str, their_status: str, their_mess
         return Verdict("excluded", f"ours: {ours_status} (not a verdict on this GPU)")
     if their_status in EXCLUDED_THEIRS:
         return Verdict("excluded", f"theirs: {their_status} (no published verdict)")
+    if RAN_NO_KERNEL in their_message:
+        return Verdict("excluded", f"theirs: {RAN_NO_KERNEL} (its run's GPU-lock log; no verdict on the kernel)")
     ours_pass, theirs_pass = ours_status == "pass", their_status == "pass"
     if ours_pass == theirs_pass:
         return Verdict("agree")

@@ -12,8 +12,9 @@ from click.testing import CliRunner
 
 from kernelboard.eval.submission import load_submission
 from kernelboard.eval.tables import load_all
+from kernelboard.sitegen.agreement import classify
 from kernelboard.sitegen.ingest.cli import import_group
-from kernelboard.sitegen.ingest.kbh import GRADER_VERSION, MEASURED_BY, import_kbh
+from kernelboard.sitegen.ingest.kbh import GRADER_VERSION, MEASURED_BY, RAN_NO_KERNEL, import_kbh
 
 REPO = Path(__file__).resolve().parents[1]
 DECKS = REPO / "eval" / "decks"
@@ -100,7 +101,10 @@ def make_install(root: Path) -> Path:
         _write(detail / f"{run_id}.json", {
             "run_id": run_id, "bench": "hard", "gpu": "h100", "problem": P, "correct": correct,
             "failure_reason": reason, "peak_fraction": 0.2 if correct else None, "shapes": [], "stats": {},
-            "harness": run_id.split("_")[2], "model": "x", "has_solution_text": True})
+            "harness": run_id.split("_")[2], "model": "x", "has_solution_text": True,
+            # INCORRECT's GPU-lock log: four commands that held the GPU 1 s in all; SXM's passes all the same
+            **({"gpu_lock": {"wait_s": 3, "active_s": 1 if run_id == INCORRECT else 0, "acquisitions": 4}}
+               if run_id in (INCORRECT, SXM) else {})})
     _write(root / "public" / "runs" / "h100" / f"{PASS}_solution.py.txt", PUBLISHED)
     _write(root / "public" / "runs" / "h100" / f"{LOST}_solution.py.txt", MISSING)
     _write(hard / "results" / "annotations" / f"{SXM}.yaml", yaml.safe_dump({
@@ -137,6 +141,22 @@ def test_statuses_follow_kernelbench_hard_outcomes(imported) -> None:
     assert {v["gpu"] for v in rows.values()} == {"h100-pcie"}
     assert rows[RATE]["source"] == "kbh:benchmarks/hard/outputs/runs-h100/" + RATE + "/result.json"
     assert "incorrect" in rows[INCORRECT]["message"]  # an outcome the old importer dropped the run for
+
+
+def test_a_failure_whose_gpu_lock_log_shows_no_kernel_ran_says_so(imported) -> None:
+    """The source's verdict is kept, with what its run's GPU-lock log shows: every command of the run held
+    the GPU about a second in all, less than check.py needs to import torch (20260719_034935's H100 sweep,
+    20260719_030522's RTX PRO 6000 and B200 sweeps, one annotated "fresh .venv on the box had no torch");
+    the agreement table excludes such a pair (no verdict on the kernel)."""
+    tmp, _ = imported
+    rows = _rows(tmp / "data")
+    assert rows[INCORRECT]["status"] == "wrong"
+    assert rows[INCORRECT]["message"].endswith(
+        f"; {RAN_NO_KERNEL}: its run's GPU-lock log has 4 commands (the session's and the check's) holding the "
+        "GPU 1 s in all, too little for check.py to import torch")
+    assert RAN_NO_KERNEL not in rows[SXM]["message"]  # a pass is a pass, whatever its log
+    assert classify("pass", "correct on all 80 checks", "wrong", rows[INCORRECT]["message"]).kind == "excluded"
+    assert classify("pass", "correct on all 80 checks", "wrong", "check.py failed").kind == "differ"
 
 
 def test_a_pass_without_derivable_speedup_keeps_its_verdict_and_score(imported) -> None:

@@ -47,6 +47,17 @@ COMPILE_VARIANT = "compile:reduce-overhead"
 #: The public repository kernelbench.com is built from (MIT).
 DEFAULT_REPO = "Infatoshi/kernelbench.com"
 
+#: The most GPU time, in whole seconds as the run detail rounds it, that a run's GPU-lock log may record over
+#: all its commands (the agent's and the check's together) for the check to have run no kernel: check.py
+#: imports torch and initialises CUDA before its first call, which takes longer. KernelBench-Hard's harness
+#: wraps python, uv and nvcc in that lock (its AGENTS.md), and its run detail sums the `elapsed_s` of every
+#: `end` line and rounds (scripts/build_run_detail.py); the same sweep's annotation of one such run
+#: (20260719_030522 grok-4.5 01) says why: "fresh .venv on the box had no torch".
+NO_KERNEL_GPU_SECONDS = 1
+#: What a failing row's message says when its run's GPU-lock log shows the check never ran a kernel; the
+#: agreement table reads it (sitegen/agreement.py): such a published failure is no verdict on the kernel.
+RAN_NO_KERNEL = "its check ran no kernel"
+
 #: failure_reason -> (agent outcome; None: completed, or no_solution without one), status (None: the
 #: source's `correct` decides), message.
 STATUS: dict[str, tuple[str | None, str | None, str]] = {
@@ -316,6 +327,20 @@ def _solution(run_dir: Path) -> dict[str, bytes]:
     return files
 
 
+def _lock_evidence(run: KbhRun, status: str) -> str:
+    """For a failed check whose run's GPU-lock log shows no command held the GPU long enough to import
+    torch (NO_KERNEL_GPU_SECONDS), what the log says: the failure was the environment's, not the kernel's."""
+    lock = (run.detail or {}).get("gpu_lock")
+    if status in ("pass", "not_graded", "dnf") or not _has_solution(run) or not isinstance(lock, dict):
+        return ""
+    held, commands = lock.get("active_s"), lock.get("acquisitions")
+    if not (isinstance(held, int | float) and isinstance(commands, int) and commands >= 1
+            and held <= NO_KERNEL_GPU_SECONDS):
+        return ""
+    return (f"; {RAN_NO_KERNEL}: its run's GPU-lock log has {commands} commands (the session's and the "
+            f"check's) holding the GPU {held:g} s in all, too little for check.py to import torch")
+
+
 def _board_name(run: KbhRun) -> str:
     """The GPU the source's board names, else our datasheet name for its key."""
     return run.board_name or (GPUS[run.gpu].name if run.gpu in GPUS else run.gpu)
@@ -373,7 +398,7 @@ def _result(run: KbhRun, meta: dict[str, Any], problem: Problem | None,
     correct = _correct(run)
     if status is None:
         status = "pass" if correct is True else "wrong" if correct is False and _has_solution(run) else "not_graded"
-    message = f"KernelBench-Hard ({where}): {said}"
+    message = f"KernelBench-Hard ({where}): {said}{_lock_evidence(run, status)}"
     row: dict[str, Any] = {
         "run_id": run.run_id, "gpu": run.gpu, "status": status, "message": message, "n_shapes": 0,
         "timer": "cuda_event", "device_name": _board_name(run),
