@@ -139,6 +139,7 @@ def _child_args(opts: EvalOptions, out: Path, run_ids: list[str]) -> list[str]:
     args += ["--unsandboxed"] if opts.unsandboxed else []
     args += ["--regrade"] if opts.regrade else []
     args += [] if opts.prebuild is None else ["--prebuild" if opts.prebuild else "--no-prebuild"]
+    args += [] if opts.build_ahead is None else ["--build-ahead", str(opts.build_ahead)]
     for variant in opts.skip_baselines:
         args += ["--skip-baseline", variant]
     for run_id in run_ids:

@@ -84,6 +84,7 @@ class EvalOptions:
     resume: bool = False
     regrade: bool = False  # grade even what --resume would skip, and measure baselines again
     prebuild: bool | None = None  # compile the next solution on the CPU meanwhile; None = on for CUDA
+    build_ahead: int | None = None  # how many build at once; None = prebuild_depth(this host's cores)
     timeout_s: float = 900.0
     build_timeout_s: float = 600.0
     check_timeout_s: float = 600.0
@@ -414,7 +415,7 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
         _console.print(f"baselines of {len(needed)} problem{'' if len(needed) == 1 else 's'} in {opts.out / gpu}")
         return []
     prebuild = opts.device == "cuda" if opts.prebuild is None else opts.prebuild
-    depth = prebuild_depth(os.cpu_count()) if prebuild else 0
+    depth = (opts.build_ahead or prebuild_depth(os.cpu_count())) if prebuild else 0
     cell = jail_for(opts)
     if cell.bwrap is None:
         _console.print("[yellow]--unsandboxed: candidate code runs without bubblewrap; rows say so[/]")

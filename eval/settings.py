@@ -278,7 +278,11 @@ def baseline_reusable(variant: str, measured_by: str) -> bool:
 #: Submissions whose extensions compile on the CPU at once, ahead of the one the GPU grades
 #: (schedule.run_eval): at most PREBUILD_AHEAD, and one per PREBUILD_CPUS_EACH cores of the host
 #: (the H200's host has 16: three builds; this 2-core machine: one). Each torch extension build
-#: runs ninja with two compilers (the binding's C++ and the .cu) for 50–60 s.
+#: runs ninja with two compilers (the binding's C++ and the .cu) for 50–60 s. `eval --build-ahead N` sets
+#: the depth instead: on the H100 host of 2026-12-05 (16 cores, three at once, one place held by a 400 s
+#: Triton compile) the GPU graded for about 35% of each call and waited on 60–100 s builds for the rest.
+#: Whether five at once keep the timing's spread is for bench/gpu_grading.py --cpu-load 10 to say first
+#: (four busy processes kept it ≤ 0.7% on the H200's host).
 PREBUILD_AHEAD, PREBUILD_CPUS_EACH = 3, 4
 
 #: How long a prebuild's warm call may run (prebuild.warm_call), all shapes together: the solution's Model

@@ -78,6 +78,9 @@ def _os_errors_are_one_line(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--prebuild/--no-prebuild", default=None,
               help="Compile the next solutions' extensions on the CPU while the GPU grades, up to 3 at once "
                    "(one per 4 cores) [default: on with --device cuda].")
+@click.option("--build-ahead", "build_ahead", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Compile N solutions at once ahead of the GPU instead (each torch extension build runs "
+                   "about two compilers; a host whose GPU waits on builds grades faster with more).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900.0, show_default=True,
               help="Seconds one submission may take in all before its process group is killed.")
 @click.option("--build-timeout", "build_timeout_s", type=click.FloatRange(min=1), default=600.0, show_default=True,

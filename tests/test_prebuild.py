@@ -63,11 +63,9 @@ STAMPED_BUILD = SLOW_BUILD.replace("    time.sleep(3)", "    print(f'BUILD START
 def test_builds_run_several_ahead_of_the_grading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                  measured_baselines: MeasuredBaselines) -> None:
     """With a depth of 2, the third submission's build starts while the first one grades (with one
-    ahead, the GPU waited out most of each 50–60 s build on the H200), and every worker finds its build."""
-    from kernelboard.eval import schedule
-
+    ahead, the GPU waited out most of each 50–60 s build on the H200), and every worker finds its build.
+    The depth is `--build-ahead`'s here (this host's own would be 1)."""
     monkeypatch.setenv("KERNELBOARD_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(schedule, "prebuild_depth", lambda cpus: 2)
     subs = tmp_path / "subs"
     sources = {"a_plain": "from reference import Model, get_inputs, get_init_inputs  # noqa: F401\n",
                "b_build": STAMPED_BUILD, "c_build": STAMPED_BUILD.replace("fake_extension", "other_extension")}
@@ -78,7 +76,8 @@ def test_builds_run_several_ahead_of_the_grading(tmp_path: Path, monkeypatch: py
                                               "agent_outcome: completed\n")
     out = tmp_path / "out"
     measured_baselines.copy_into(out, ["03_paged_attention"], rep_ms=20.0)
-    rows = run_eval(EvalOptions(deck=DECK, submissions=subs, out=out, device="cpu", rep_ms=20.0, prebuild=True))
+    rows = run_eval(EvalOptions(deck=DECK, submissions=subs, out=out, device="cpu", rep_ms=20.0, prebuild=True,
+                                build_ahead=2))
     assert [r["status"] for r in rows] == ["pass", "pass", "pass"]
     logs = out / "cpu" / "logs"
     first_graded = rows[0]["graded_at"].timestamp()  # when its grading ended
@@ -232,6 +231,15 @@ def test_the_depth_is_one_build_per_four_cores_at_most_three() -> None:
     from kernelboard.eval.schedule import prebuild_depth
 
     assert [prebuild_depth(n) for n in (None, 1, 2, 4, 8, 16, 128)] == [1, 1, 1, 1, 2, 3, 3]
+
+
+def test_build_ahead_reaches_every_gpus_grader() -> None:
+    """`eval --gpus 0,1 --build-ahead 5`: each GPU's child grader builds 5 ahead too."""
+    from kernelboard.eval.parallel import _child_args
+
+    args = _child_args(EvalOptions(deck=DECK, submissions=DECK, out=DECK, build_ahead=5), DECK, ["a"])
+    assert args[args.index("--build-ahead") + 1] == "5"
+    assert "--build-ahead" not in _child_args(EvalOptions(deck=DECK, submissions=DECK, out=DECK), DECK, ["a"])
 
 def test_cutlass_headers_are_exported_when_the_package_is_installed(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
