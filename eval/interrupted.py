@@ -4,9 +4,11 @@ A GPU is lent in calls of a few minutes, and a batch is cut off at the call's de
 rows it finished stay). A run still grading then has no row, so `--resume` would grade it first in the
 next call, and a kernel whose first call compiles for ten minutes (MiniMax-M3's 07 of 2026-06-18:
 Triton took 158 s and 368 s on two shapes) would fill every call whole. So an interrupted run is
-written to `<out>/<gpu>/interrupted.json` with how long it ran and the phase it was in; the batch
-queue puts such runs after every other, least-run first, and a finished grading of the same solution
-removes the record. `eval merge` carries the records, so the next session knows them too.
+written to `<out>/<gpu>/interrupted.json` with how long it ran (its build and its grading) and the phase
+it was in; the batch queue puts the runs that had run `HOLD_BACK_AFTER_S` or more after every other,
+least-run first (a run cut sooner is where the deadline fell and keeps its place), and a finished
+grading of the same solution removes the record. `eval merge` carries the records, so the next session
+knows them too.
 
 The file is scheduling state, not a measurement: nothing on the site reads it.
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from .atomic import write_text_atomic
+from .settings import HOLD_BACK_AFTER_S
 
 FILE_NAME = "interrupted.json"
 
@@ -98,10 +101,13 @@ def merged_records(ours: dict[str, Interruption], theirs: dict[str, Interruption
     return out
 
 
-def held_back(records: dict[str, Interruption], run_id: str, solution_sha256: str | None) -> Interruption | None:
-    """The record of `run_id`'s interruptions, if it is of this solution (a changed one starts afresh)."""
+def held_back(records: dict[str, Interruption], run_id: str, solution_sha256: str | None,
+              after_s: float = HOLD_BACK_AFTER_S) -> Interruption | None:
+    """The record of `run_id`'s interruptions, if it is of this solution (a changed one starts afresh) and
+    they ran `after_s` in all: such a run is graded last."""
     record = records.get(run_id)
-    return record if record is not None and record.solution_sha256 == solution_sha256 else None
+    return record if record is not None and record.solution_sha256 == solution_sha256 \
+        and record.seconds >= after_s else None
 
 
 def graded_last(items: Sequence[T], held: Callable[[T], Interruption | None]) -> list[T]:

@@ -61,6 +61,7 @@ from .scoring import best_compile, result_row, shape_rows
 from .settings import (
     BASELINE_VARIANTS,
     GRADER_VERSION,
+    HOLD_BACK_AFTER_S,
     PREBUILD_AHEAD,
     PREBUILD_CPUS_EACH,
     PREBUILD_WARM_CALL_S,
@@ -439,8 +440,11 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
         held = {sub.run_id: record for sub, _ in queue
                 if (record := held_back(interruptions, sub.run_id, sub.solution_sha256())) is not None}
         queue = graded_last(queue, lambda item: held.get(item[0].run_id))
-        for run_id, record in held.items():
-            progress.console.print(f"  {run_id}: {record.summary()} in earlier batches: graded last")
+        for sub, _ in queue:
+            if (record := held_back(interruptions, sub.run_id, sub.solution_sha256(), after_s=0.0)) is not None:
+                where = "graded last" if sub.run_id in held else (
+                    f"graded in its place (cut within {HOLD_BACK_AFTER_S:.0f} s: where a deadline fell)")
+                progress.console.print(f"  {sub.run_id}: {record.summary()} in earlier batches: {where}")
         gradeable = {sub.run_id for sub, problem in queue if _gradeable(opts, problem, sub)}
         baselines: dict[str, dict[int, dict[str, Any]]] = {}  # every problem's, before any build loads the
         # host: eager lines are host-bound
@@ -463,16 +467,16 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
                                            f"running")
                 phases = ["its prebuild"]  # the phases it reached, for the record of an interruption
                 started = time.monotonic()
-                with _recorded_if_cut_off(opts.out, gpu, sub, started, phases):
+                with _recorded_if_cut_off(opts.out, gpu, sub, started, phases, build):
                     prebuild_s = 0.0 if build is None else finish_prebuild(  # at once, unless a held run's
                         build, max(0.0, build.started + opts.build_timeout_s - time.monotonic()))
                     row = grade_submission(opts, gpu, spec, problem, sub, env, baselines.get(sub.problem, {}),
                                            scratch, driver,
                                            functools.partial(_show_phase, progress, task, sub.run_id, phases),
                                            cell, prebuild_s)
-                if sub.run_id in held:  # graded whole now
+                if sub.run_id in interruptions:  # graded whole now
                     write_records(opts.out, gpu, without_graded(_interruptions(opts.out, gpu),
-                                                                {sub.run_id: held[sub.run_id].solution_sha256}))
+                                                                {sub.run_id: sub.solution_sha256()}))
                 score = f" {row['speedup_vs_compile']:.2f}× vs compile" if row["speedup_vs_compile"] else ""
                 progress.console.print(f"  {sub.run_id}: {row['status']}{score} — {row['message']}")
                 rows.append(row)
@@ -485,14 +489,18 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def _recorded_if_cut_off(out: Path, gpu: str, sub: Submission, started: float, phases: list[str]) -> Iterator[None]:
+def _recorded_if_cut_off(out: Path, gpu: str, sub: Submission, started: float, phases: list[str],
+                         build: Prebuild | None) -> Iterator[None]:
     """A grading cut off (a GPU call's deadline, Ctrl-C) is recorded in the folder's interrupted runs,
-    with the phase it reached, so that the next batch grades it last; the interrupt goes on."""
+    with the phase it reached and its seconds, its build's before the GPU took it (`started`) included,
+    so that the next batch grades a long one last; the interrupt goes on."""
     try:
         yield
     except KeyboardInterrupt:
+        built_s = 0.0 if build is None else max(0.0, min(build.ended or started, started) - build.started)
         write_records(out, gpu, add_interruption(_interruptions(out, gpu), sub.run_id, sub.solution_sha256(),
-                                                 time.monotonic() - started, phases[-1], _now().isoformat()))
+                                                 time.monotonic() - started + built_s, phases[-1],
+                                                 _now().isoformat()))
         raise
 
 
@@ -555,13 +563,16 @@ def _interruptions(out: Path, gpu: str, console: Console | None = None) -> dict[
 def build_window(pending: list[str], gradeable: Container[str], held: Container[str], depth: int,
                  built: Container[str] = frozenset()) -> list[str]:
     """The runs whose builds run now: `depth` of the gradeable ones in `pending` (queue order) whose builds
-    have not ended (`built`: those wait for the GPU and take no core). Runs held back (interrupted in
-    earlier batches: long compiles, most of them) build first, up to `depth` - 1 of them, so that their
-    compile runs beside the grading of the others instead of after it; once built, a held run waits to be
-    graded last without keeping the builds behind it from starting (on an H100's host two held runs' ended
-    builds and a slow one had kept the GPU idle for about 290 s)."""
+    have not ended (`built`: those wait for the GPU and take no core). One run held back (interrupted in
+    earlier batches after a long build or grading) builds first where `depth` leaves another place, so that
+    its compile runs beside the grading of the others instead of after it, and what it compiles carries to
+    the next call when this one ends first (`eval keep-ahead`); never more, or the held runs' builds take
+    the places of the runs this call will grade (on an H100's host two of three places went to held runs'
+    builds of 280–430 s in each of three calls). Once built, a held run waits to be graded last without
+    keeping the builds behind it from starting (two held runs' ended builds and a slow one had kept that
+    GPU idle for about 290 s)."""
     todo = [run_id for run_id in pending if run_id in gradeable and run_id not in built]
-    early = [run_id for run_id in todo if run_id in held][:max(depth - 1, 0)]
+    early = [run_id for run_id in todo if run_id in held][:min(1, max(depth - 1, 0))]
     return (early + [run_id for run_id in todo if run_id not in early])[:depth]
 
 

@@ -232,6 +232,9 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: with a note instead of failing the kernel `wrong` (judge._graph_times): the replay is a figure beside the
 #: latency, and a call that launches on the legacy default stream captures an empty graph (claude-opus-4-8
 #: 07 034935 on the H100, right on every check and timed call). SUPERSEDED_VERDICTS names the verdict.
+#: Its scheduling: a run cut off within HOLD_BACK_AFTER_S of build and grading keeps its place in the next
+#: batch (only longer ones go last), one held run at most builds early, and `--build-ahead N` sets how many
+#: build at once.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 
@@ -284,6 +287,12 @@ def baseline_reusable(variant: str, measured_by: str) -> bool:
 #: Whether five at once keep the timing's spread is for bench/gpu_grading.py --cpu-load 10 to say first
 #: (four busy processes kept it ≤ 0.7% on the H200's host).
 PREBUILD_AHEAD, PREBUILD_CPUS_EACH = 3, 4
+
+#: A run a batch was cut off in is graded last by the next batches (eval/interrupted.py) only when it had run
+#: this long, its build and its grading together: one cut sooner was where the call's deadline fell, not a run
+#: that outlasts calls, and goes in its place. After three H100 calls on 2026-12-05 six runs were held back,
+#: four of them cut 12–57 s into their grading (one in its timing), and every call built the held runs first.
+HOLD_BACK_AFTER_S = 120.0
 
 #: How long a prebuild's warm call may run (prebuild.warm_call), all shapes together: the solution's Model
 #: built and called on meta tensors of each shape, so that an extension it builds in its constructor or its

@@ -31,6 +31,7 @@ from kernelboard.eval.interrupted import (
 )
 from kernelboard.eval.merge import merge_results
 from kernelboard.eval.schedule import EvalOptions, run_eval
+from kernelboard.eval.settings import HOLD_BACK_AFTER_S
 from kernelboard.eval.tables import read_table, table_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,11 +56,14 @@ def _record(sha: str = "s1", times: int = 1, seconds: float = 10.0) -> Interrupt
 
 
 def test_interrupted_runs_go_last_least_run_first_and_the_rest_keep_their_order() -> None:
-    records = {"a": _record(seconds=500.0), "c": _record(seconds=20.0), "e": _record(sha="old"),
-               "f": _record(seconds=20.0)}
-    items = ["a", "b", "c", "d", "e", "f"]  # every solution "s1": e's changed since its record, not held back
+    records = {"a": _record(seconds=500.0), "c": _record(seconds=200.0), "e": _record(sha="old", seconds=300.0),
+               "f": _record(seconds=200.0), "g": _record(seconds=119.0)}
+    items = ["a", "b", "c", "d", "e", "f", "g"]  # every solution "s1": e's changed since its record, not held back
     assert held_back(records, "e", "s1") is None and held_back(records, "a", "s1") == records["a"]
-    assert graded_last(items, lambda run_id: held_back(records, run_id, "s1")) == ["b", "d", "e", "c", "f", "a"]
+    # g was cut within HOLD_BACK_AFTER_S (120 s): where a call's deadline fell, so it keeps its place
+    assert HOLD_BACK_AFTER_S == 120.0 and held_back(records, "g", "s1") is None
+    assert held_back(records, "g", "s1", after_s=0.0) == records["g"]
+    assert graded_last(items, lambda run_id: held_back(records, run_id, "s1")) == ["b", "d", "e", "g", "c", "f", "a"]
 
 
 def test_a_record_counts_interruptions_of_one_solution_and_restarts_for_a_new_one() -> None:
@@ -131,13 +135,31 @@ def test_the_batch_cut_off_records_the_run_it_was_grading(cut_off: Path) -> None
     assert raw["a_stalls"]["solution_sha256"] == entry.solution_sha256
 
 
-def test_the_next_batch_grades_it_last_and_forgets_it_once_graded(cut_off: Path, tmp_path: Path) -> None:
+def _next_batch(cut_off: Path, results: Path) -> list[dict]:
+    return run_eval(EvalOptions(deck=DECK, submissions=cut_off / "submissions", out=results, device="cpu",
+                                resume=True, timeout_s=15.0, build_timeout_s=10.0, rep_ms=20.0))
+
+
+def test_a_run_cut_off_soon_after_it_started_keeps_its_place(cut_off: Path, tmp_path: Path) -> None:
+    """a_stalls was cut a few seconds in: where the deadline fell, not a run that outlasts a call (on an
+    H100 on 2026-12-05 four of six held runs had been cut 12–57 s in, and never came up again)."""
+    results = tmp_path / "results"
+    shutil.copytree(cut_off / "results", results)
+    assert read_records(results, GPU)[0]["a_stalls"].seconds < HOLD_BACK_AFTER_S
+    rows = _next_batch(cut_off, results)
+    assert [(r["run_id"], r["status"]) for r in rows] == [("a_stalls", "timeout"), ("b_honest", "pass")]
+    assert read_records(results, GPU) == ({}, None)  # graded whole: its record is gone
+
+
+def test_the_next_batch_grades_a_long_one_last_and_forgets_it_once_graded(cut_off: Path, tmp_path: Path) -> None:
     results = cut_off / "results"
+    records, _ = read_records(results, GPU)
+    long = records["a_stalls"]
+    write_records(results, GPU, {"a_stalls": Interruption(long.solution_sha256, long.times, HOLD_BACK_AFTER_S,
+                                                          long.phase, long.last_at)})  # as a long build's cut
     before = tmp_path / "before"  # the folder as the cut-off batch left it, merged afterwards
     shutil.copytree(results, before)
-    opts = EvalOptions(deck=DECK, submissions=cut_off / "submissions", out=results, device="cpu", resume=True,
-                       timeout_s=15.0, build_timeout_s=10.0, rep_ms=20.0)
-    rows = run_eval(opts)
+    rows = _next_batch(cut_off, results)
     assert [r["run_id"] for r in rows] == ["b_honest", "a_stalls"]
     assert [r["status"] for r in rows] == ["pass", "timeout"]
     assert read_records(results, GPU) == ({}, None)  # graded whole: a timeout is a verdict
@@ -180,3 +202,23 @@ def test_a_parallel_batch_cut_off_merges_what_its_children_finished(tmp_path: Pa
     assert statuses == {"b_honest": "pass"}, said[-3000:]  # on the CPU the re-exported reference passes
     records, _ = read_records(out, GPU)
     assert list(records) == ["a_stalls"] and records["a_stalls"].phase != "its prebuild", said[-3000:]
+
+
+def test_a_cut_off_grading_counts_its_build_too(tmp_path: Path) -> None:
+    """What decides whether a run is held back is its whole cost: a build of 300 s that ended before the
+    GPU took the run, plus the grading it was cut in (the same build still running when it was taken
+    counts up to that moment; the wait after is the grading's)."""
+    from kernelboard.eval.sandbox import Prebuild
+    from kernelboard.eval.schedule import _recorded_if_cut_off
+    from kernelboard.eval.submission import load_submission
+
+    sub = load_submission(write_submission(tmp_path / "subs" / "a_built", PROBLEM, HONEST))
+    now = time.monotonic()
+    ended = Prebuild(None, now - 400.0, -1, ended=now - 100.0)  # type: ignore[arg-type]
+    running = Prebuild(None, now - 50.0, -1)  # type: ignore[arg-type]
+    for name, build, least in (("ended", ended, 300.0), ("running", running, 50.0), ("none", None, 0.0)):
+        out = tmp_path / name
+        with pytest.raises(KeyboardInterrupt), _recorded_if_cut_off(out, GPU, sub, now, ["timing"], build):
+            raise KeyboardInterrupt
+        seconds = read_records(out, GPU)[0]["a_built"].seconds
+        assert least <= seconds < least + 5.0, (name, seconds)

@@ -200,7 +200,10 @@ def test_the_build_window_is_the_queue_head_with_held_runs_built_early() -> None
     queue, gradeable = ["a", "b", "skip", "c", "d", "h1", "h2"], {"a", "b", "c", "d", "h1", "h2"}
     assert build_window(queue, gradeable, set(), 3) == ["a", "b", "c"]  # a skipped run needs no build
     assert build_window(queue, gradeable, {"h1"}, 3) == ["h1", "a", "b"]  # graded last, built first
-    assert build_window(queue, gradeable, {"h1", "h2"}, 3) == ["h1", "h2", "a"]
+    # one held run builds early at most: the runs this call grades keep the other places (on an H100's host
+    # two of three went to held runs' builds of 280–430 s in each of three calls, none of them graded)
+    assert build_window(queue, gradeable, {"h1", "h2"}, 3) == ["h1", "a", "b"]
+    assert build_window(queue, gradeable, {"h1", "h2"}, 5) == ["h1", "a", "b", "c", "d"]
     assert build_window(queue, gradeable, {"h1", "h2"}, 2) == ["h1", "a"]  # never all of them: the GPU waits
     assert build_window(queue, gradeable, {"h1"}, 1) == ["a"]
     assert build_window(queue, gradeable, set(), 0) == []  # no prebuilds (the CPU)
