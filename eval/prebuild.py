@@ -7,7 +7,8 @@ TRITON_CACHE_DIR) and with the same TORCH_CUDA_ARCH_LIST the grading worker will
 WARM_CALL_S, it then builds the solution's Model and calls it on meta tensors of each shape
 (`warm_call`), for the kernels that build in their constructor or on their first call, Triton's
 included (compiled for the grading arch, launched nowhere: triton_compile_only.py); for a GPU grading,
-then again on fake CUDA tensors, for the builds behind `if x.is_cuda`.
+then every shape again on fake CUDA tensors, for the builds behind `if x.is_cuda` and those of a Model
+that allocates on the GPU itself, with streams and graphs standing in for the GPU's.
 
 Best effort: whatever happens here is ignored; the worker's own import decides the verdict. The
 candidate code runs as hostile as anywhere: own process group, scratch copy, killed at the build
@@ -88,7 +89,10 @@ def warm_call(problem: Any, reference: types.ModuleType, solution: types.ModuleT
     (the grader's TORCH_CUDA_ARCH_LIST, read before the solution's import could set its own), as the
     worker's would, so a kernel that picks its flags from it builds what the worker will load, and so
     does `get_device_properties` where the scheduler named the GPU (`_answering_capability`); nothing
-    else of CUDA is there (`_warm_calls` says what is built where). The calls run in a thread, given
+    else of CUDA is there (`_warm_calls` says what is built where). For a GPU grading every shape is then
+    called on fake CUDA tensors (`_fake_cuda_call`), whether or not its Model could be built on meta or
+    the CPU, with torch.cuda's streams, events and graphs standing in (`_host_streams_and_graphs`). The
+    calls run in a thread, given
     `limit_s` in all; past that the process exits whatever the thread does (a loop that catches every
     exception included), and the scheduler kills what is left of its group."""
     start = time.perf_counter()
@@ -97,17 +101,17 @@ def warm_call(problem: Any, reference: types.ModuleType, solution: types.ModuleT
     def calls() -> None:
         with _answering_capability(capability, gpu), _compiling_triton(capability) as triton:
             compiled.append(triton)
-            drawn = []  # the shapes drawn on meta
-            for model, inputs, where, shape in _warm_calls(problem, reference, solution):
-                if model is None:
-                    print(f"[prebuild] warm call {where}", flush=True)
-                    continue
-                print(f"[prebuild] warm call: its Model built {where}", flush=True)
-                _call(problem, model, inputs)
-                if shape is not None:
-                    drawn.append(shape)
-            if capability is not None:  # a GPU grading: again, where `x.is_cuda` is true
-                for shape in drawn:
+            try:
+                for model, inputs, where, _ in _warm_calls(problem, reference, solution):
+                    if model is None:
+                        print(f"[prebuild] warm call {where}", flush=True)
+                        continue
+                    print(f"[prebuild] warm call: its Model built {where}", flush=True)
+                    _call(problem, model, inputs)
+            except Exception as exc:  # its Model built nowhere here: on fake CUDA tensors, perhaps
+                print(f"[prebuild] warm call on meta and the CPU not made: {_said(exc)}", flush=True)
+            if capability is not None:  # a GPU grading: again, where `x.is_cuda` is true, every shape
+                for shape in problem.shapes:  # (a Model that allocates on "cuda:0" itself builds only here)
                     _fake_cuda_call(problem, reference, solution, shape)
 
     thread = threading.Thread(target=_logged(calls), daemon=True, name="warm-call")
@@ -147,12 +151,56 @@ def _fake_cuda_call(problem: Any, reference: types.ModuleType, solution: types.M
 
     label = shape.label or "a shape"
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True):
+        with FakeTensorMode(allow_non_fake_inputs=True), _host_streams_and_graphs():
             model, inputs = _model_and_inputs(problem, reference, solution, shape, "cuda", None)
             print(f"[prebuild] warm call: its Model built on fake CUDA tensors at {label}", flush=True)
             _call(problem, model, inputs)
     except BaseException as exc:
         print(f"[prebuild] warm call on fake CUDA tensors at {label} not made: {_said(exc)}", flush=True)
+
+
+class _HostStand:
+    """A CUDA stream, event or graph where there is no GPU: every method does nothing and says it is done.
+    A kernel that warms up on a side stream and captures its call in a graph (deepseek-v4-flash's 05 of
+    2026-08-01 builds its extension in the first launch it captures) reaches its build through these."""
+
+    cuda_stream = 0
+    device = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: True if name == "query" else 0.0 if name == "elapsed_time" else None
+
+    def __enter__(self) -> _HostStand:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+@contextlib.contextmanager
+def _host_streams_and_graphs() -> Iterator[None]:
+    """For the call on fake CUDA tensors: torch.cuda's streams, events and graphs as `_HostStand`s (a graph
+    capture runs its body once, as an eager call would), `synchronize` a no-op and no stream capturing.
+    Three published 01 kernels and one 05 kernel stopped at one of these, no driver answering, before their
+    builds (bench/warm_call_reach.py)."""
+    import torch
+
+    names = ("Stream", "Event", "CUDAGraph", "graph", "stream", "current_stream", "default_stream",
+             "synchronize", "is_current_stream_capturing")
+    saved = {name: getattr(torch.cuda, name) for name in names}
+    stand = {"Stream": _HostStand, "Event": _HostStand, "CUDAGraph": _HostStand, "graph": _HostStand,
+             "stream": _HostStand, "current_stream": _HostStand, "default_stream": _HostStand,
+             "synchronize": lambda device=None: None, "is_current_stream_capturing": lambda: False}
+    for name in names:
+        setattr(torch.cuda, name, stand[name])
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(torch.cuda, name, value)
 
 
 def _logged(calls: Any) -> Any:

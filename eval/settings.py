@@ -234,7 +234,9 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: 07 034935 on the H100, right on every check and timed call). SUPERSEDED_VERDICTS names the verdict.
 #: Its scheduling: a run cut off within HOLD_BACK_AFTER_S of build and grading keeps its place in the next
 #: batch (only longer ones go last), one held run at most builds early, and `--build-ahead N` sets how many
-#: build at once.
+#: build at once. Its prebuild calls every shape on fake CUDA tensors, also where no Model could be built on
+#: meta or the CPU (one that allocates on "cuda:0" itself), with torch.cuda's streams, events and graphs
+#: standing in for the GPU's (prebuild._host_streams_and_graphs): building only.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 

@@ -407,7 +407,7 @@ def test_the_warm_call_draws_on_the_cpu_what_meta_cannot_and_answers_the_grading
     moe = load_problem(DECK / "06_sonic_moe_swiglu")
     reference = import_file("reference", moe.reference_path)
     [(model, inputs, where, shape)] = _warm_calls(moe, reference, reference)
-    assert shape is None  # a CPU shape's call: none on fake CUDA tensors follows it
+    assert shape is None  # a CPU shape's call, not one of the deck's shapes
     assert where.startswith("on the CPU at the first CPU shape") and all(
         x.is_meta for x in inputs if isinstance(x, torch.Tensor))
     assert not any(p.is_meta for p in model.parameters())
@@ -512,6 +512,49 @@ def test_the_warm_call_runs_again_on_fake_cuda_tensors_for_a_build_behind_is_cud
     assert "RuntimeError: its own kernel's launch" in said
     warm_call(problem, reference, types.SimpleNamespace(Model=Model), 120, None)  # a CPU grading: no such call
     assert "fake CUDA" not in capsys.readouterr().out
+
+
+def test_a_model_built_on_the_gpu_itself_that_captures_a_graph_reaches_its_build_on_fake_cuda(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """deepseek-v4-flash-0731's 05 of 2026-08-01 allocates its buffers on `torch.device("cuda:0")` in its
+    constructor (no meta Model, no CPU one either), then warms up on a side stream and captures its first
+    launch in a CUDA graph, where its extension builds: the H100 built it on its own time. On fake CUDA
+    tensors, with streams, events and graphs standing in for the GPU's, every shape reaches the build."""
+    import types
+
+    from kernelboard.eval.deck import load_problem
+    from kernelboard.eval.plan import import_file
+    from kernelboard.eval.prebuild import warm_call
+
+    problem = load_problem(DECK / "05_topk_bitonic")
+    reference = import_file("reference", problem.reference_path)
+    real_stream = torch.cuda.Stream
+
+    class Model(torch.nn.Module):
+        def __init__(self, batch: int, n: int, k: int) -> None:
+            super().__init__()
+            self.out = torch.empty(batch, k, device=torch.device("cuda:0"))
+            self.graph = None
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            if self.graph is None:
+                graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    torch.cuda.synchronize()
+                    assert not torch.cuda.is_current_stream_capturing()
+                    with torch.cuda.graph(graph):
+                        print(f"BUILD REACHED at {tuple(x.shape)} on {x.device}", flush=True)
+                self.graph = graph
+            self.graph.replay()
+            return self.out, self.out.long()
+
+    warm_call(problem, reference, types.SimpleNamespace(Model=Model), 120, (9, 0))
+    said = capsys.readouterr().out
+    assert "[prebuild] warm call on meta and the CPU not made" in said, said
+    for shape in problem.shapes:
+        assert f"BUILD REACHED at ({shape.params['batch']}, {shape.params['n']}) on cuda:0" in said, said
+    assert torch.cuda.Stream is real_stream  # the stand-ins are gone after the call
 
 
 def test_a_thread_the_solution_leaves_running_does_not_keep_the_prebuild_alive(tmp_path: Path) -> None:
