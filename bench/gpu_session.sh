@@ -83,10 +83,15 @@ if [ -n "${IDS:-}" ]; then
   IFS=, read -r -a globs <<< "${EXCLUDE:-}"; for g in "${globs[@]}"; do [ -n "$g" ] && only+=(--exclude "$g"); done
   DECK=${DECK:-hard}
   echo "== grading ${IDS/#all/every ungraded run of $DECK} (${#only[@]} flags) into a folder seeded from $SEED ($(left) s left)"
+  G0=$(date +%s)
   timeout -s INT "$(left)" .venv-eval/bin/kernelboard eval --deck eval/decks/$DECK --submissions data/submissions/$DECK \
     --out $WORK/res --resume "${only[@]}" ${EVAL_ARGS:-} 2>&1 | grep -v "^\s*$" | tail -80
   echo "== eval exited ${PIPESTATUS[0]} at $(( $(date +%s) - T0 )) s"
   new_logs() { find $WORK/res/*/logs -name "$1" -newer $WORK/.started 2>/dev/null | sort; }  # this call's, any GPU
+  # the GPU's share of the batch: each grading's worker log ends at its last "(+N s)" stamp (the worker's span)
+  new_logs '*.log' | grep -v '\.prebuild\.log$' | while read -r f; do grep -o "(+[0-9.]* s)" "$f" | tail -1; done \
+    | tr -d '(+s)' | awk -v wall=$(( $(date +%s) - G0 )) '{n++; t+=$1} END {if (n) printf \
+      "== GPU busy: %d gradings'"'"' worker spans sum to %.0f s of the batch'"'"'s %d s (%.0f%%)\n", n, t, wall, 100*t/wall}'
   new_logs '*.log' | xargs -r grep -h "zygote" | sort | uniq -c | head -5
   # what each grading still built on the GPU's time (the prebuild's aim: nothing), then the prebuilds' Triton lines
   new_logs '*.log' | xargs -r grep -H "built while grading" | sed 's|.*/||'

@@ -285,7 +285,7 @@ def baseline_reusable(variant: str, measured_by: str) -> bool:
 #: (the H200's host has 16: three builds; this 2-core machine: one). Each torch extension build
 #: runs ninja with two compilers (the binding's C++ and the .cu) for 50–60 s. `eval --build-ahead N` sets
 #: the depth instead: on the H100 host of 2026-12-05 (16 cores, three at once, one place held by a 400 s
-#: Triton compile) the GPU graded for about 35% of each call and waited on 60–100 s builds for the rest.
+#: Triton compile) the GPU was busy about 40% of the calls' grading time and waited on 60–100 s builds for the rest.
 #: Whether five at once keep the timing's spread is for bench/gpu_grading.py --cpu-load 10 to say first
 #: (four busy processes kept it ≤ 0.7% on the H200's host).
 PREBUILD_AHEAD, PREBUILD_CPUS_EACH = 3, 4
