@@ -293,7 +293,7 @@ PREBUILD_AHEAD, PREBUILD_CPUS_EACH = 3, 4
 #: A run a batch was cut off in is graded last by the next batches (eval/interrupted.py) only when it had run
 #: this long, its build and its grading together: one cut sooner was where the call's deadline fell, not a run
 #: that outlasts calls, and goes in its place. After three H100 calls on 2026-12-05 six runs were held back,
-#: four of them cut 12–57 s into their grading (one in its timing), and every call built the held runs first.
+#: five of them cut 8–58 s into their grading (two in their timing), and every call built the held runs first.
 HOLD_BACK_AFTER_S = 120.0
 
 #: How long a prebuild's warm call may run (prebuild.warm_call), all shapes together: the solution's Model
