@@ -92,9 +92,8 @@ def warm_call(problem: Any, reference: types.ModuleType, solution: types.ModuleT
     else of CUDA is there (`_warm_calls` says what is built where). For a GPU grading every shape is then
     called on fake CUDA tensors (`_fake_cuda_call`), whether or not its Model could be built on meta or
     the CPU, with torch.cuda's streams, events and graphs standing in (`_host_streams_and_graphs`). The
-    calls run in a thread, given
-    `limit_s` in all; past that the process exits whatever the thread does (a loop that catches every
-    exception included), and the scheduler kills what is left of its group."""
+    calls run in a thread, given `limit_s` in all; past that the process exits whatever the thread does (a
+    loop that catches every exception included), and the scheduler kills what is left of its group."""
     start = time.perf_counter()
     compiled: list[Any] = []
 
@@ -102,7 +101,7 @@ def warm_call(problem: Any, reference: types.ModuleType, solution: types.ModuleT
         with _answering_capability(capability, gpu), _compiling_triton(capability) as triton:
             compiled.append(triton)
             try:
-                for model, inputs, where, _ in _warm_calls(problem, reference, solution):
+                for model, inputs, where in _warm_calls(problem, reference, solution):
                     if model is None:
                         print(f"[prebuild] warm call {where}", flush=True)
                         continue
@@ -180,22 +179,25 @@ class _HostStand:
         return None
 
 
-@contextlib.contextmanager
-def _host_streams_and_graphs() -> Iterator[None]:
+def _host_streams_and_graphs() -> contextlib.AbstractContextManager[None]:
     """For the call on fake CUDA tensors: torch.cuda's streams, events and graphs as `_HostStand`s (a graph
     capture runs its body once, as an eager call would), `synchronize` a no-op and no stream capturing.
-    Three published 01 kernels and one 05 kernel stopped at one of these, no driver answering, before their
-    builds (bench/warm_call_reach.py)."""
+    deepseek-v4-flash-0731 05 225649's extension build and the Triton launches of claude-fable-5 07 034935
+    and 070614 sit behind one of these, where no driver answers (bench/warm_call_reach.py)."""
+    stands = dict.fromkeys(("Stream", "Event", "CUDAGraph", "graph", "stream", "current_stream", "default_stream"),
+                           _HostStand)
+    return _cuda_answering({**stands, "synchronize": lambda device=None: None,
+                            "is_current_stream_capturing": lambda: False})
+
+
+@contextlib.contextmanager
+def _cuda_answering(answers: dict[str, Any]) -> Iterator[None]:
+    """torch.cuda's functions named in `answers` replaced by them while the block runs, restored after."""
     import torch
 
-    names = ("Stream", "Event", "CUDAGraph", "graph", "stream", "current_stream", "default_stream",
-             "synchronize", "is_current_stream_capturing")
-    saved = {name: getattr(torch.cuda, name) for name in names}
-    stand = {"Stream": _HostStand, "Event": _HostStand, "CUDAGraph": _HostStand, "graph": _HostStand,
-             "stream": _HostStand, "current_stream": _HostStand, "default_stream": _HostStand,
-             "synchronize": lambda device=None: None, "is_current_stream_capturing": lambda: False}
-    for name in names:
-        setattr(torch.cuda, name, stand[name])
+    saved = {name: getattr(torch.cuda, name) for name in answers}
+    for name, answer in answers.items():
+        setattr(torch.cuda, name, answer)
     try:
         yield
     finally:
@@ -223,9 +225,9 @@ def _compiling_triton(capability: tuple[int, int] | None) -> contextlib.Abstract
 
 
 def _warm_calls(problem: Any, reference: types.ModuleType,
-                solution: types.ModuleType) -> Iterator[tuple[Any, list[Any], str, Any]]:
-    """(Model, inputs, where, shape) for each shape, all on meta; (None, [], why, None) for a shape that
-    cannot be drawn there. Where the first cannot (06's router reads its logits; Mega's weights come from a
+                solution: types.ModuleType) -> Iterator[tuple[Any, list[Any], str]]:
+    """(Model, inputs, where) for each shape, all on meta; (None, [], why) for a shape that cannot be drawn
+    there. Where the first cannot (06's router reads its logits; Mega's weights come from a
     torch.Generator, which meta has none of), there is one call: its Model built on the CPU at the first
     CPU shape (small: a full shape's weights on the CPU would cost seconds and gigabytes beside the timed
     process), the inputs moved to meta."""
@@ -237,12 +239,11 @@ def _warm_calls(problem: Any, reference: types.ModuleType,
             if index == 0 and problem.cpu_shapes:
                 cpu_shape = problem.cpu_shapes[0]
                 model, inputs = _model_and_inputs(problem, reference, solution, cpu_shape, "cpu")
-                yield (model, inputs, f"on the CPU at the first CPU shape ({cpu_shape.label or 'cpu shape 0'})",
-                       None)
+                yield model, inputs, f"on the CPU at the first CPU shape ({cpu_shape.label or 'cpu shape 0'})"
                 return
-            yield None, [], f"skipped {label}: its Model or inputs cannot be drawn on meta ({_said(exc)})", None
+            yield None, [], f"skipped {label}: its Model or inputs cannot be drawn on meta ({_said(exc)})"
             continue
-        yield model, inputs, f"on meta at {label}", shape
+        yield model, inputs, f"on meta at {label}"
 
 
 def _model_and_inputs(problem: Any, reference: types.ModuleType, solution: types.ModuleType, shape: Any,
@@ -287,24 +288,18 @@ def _answering_capability(capability: tuple[int, int] | None,
     GPU's identity (`gpu`), `get_device_properties()` answers its name, SM count, memory and L2 too, and
     `current_device()` 0: six of 16 published Hard kernels whose builds no warm call reached had asked for
     them (`multi_processor_count` to size a grid, `major`/`minor` for `-arch`) before their build."""
-    import torch
-
     if capability is None:
         yield
         return
-    saved = torch.cuda.get_device_capability, torch.cuda.get_device_properties, torch.cuda.current_device
-    torch.cuda.get_device_capability = lambda device=None: capability  # type: ignore[assignment]
+    answers: dict[str, Any] = {"get_device_capability": lambda device=None: capability}
     if gpu is not None:
         props = types.SimpleNamespace(
             name=str(gpu.get("device_name", "")), major=capability[0], minor=capability[1], warp_size=32,
             multi_processor_count=int(gpu.get("sm_count", 0)), total_memory=int(gpu.get("memory_bytes", 0)),
             L2_cache_size=int(gpu.get("l2_bytes", 0)))
-        torch.cuda.get_device_properties = lambda device=None: props  # type: ignore[assignment]
-        torch.cuda.current_device = lambda: 0  # type: ignore[assignment]
-    try:
+        answers.update(get_device_properties=lambda device=None: props, current_device=lambda: 0)
+    with _cuda_answering(answers):
         yield
-    finally:
-        torch.cuda.get_device_capability, torch.cuda.get_device_properties, torch.cuda.current_device = saved
 
 
 def _said(exc: BaseException) -> str:
