@@ -40,6 +40,12 @@ class Interruption:
     phase: str
     last_at: str
 
+    @property
+    def outlasts_a_call(self) -> bool:
+        """Whether it ran long enough (HOLD_BACK_AFTER_S, build and grading) to be graded last: a run cut
+        sooner was where the call's deadline fell."""
+        return self.seconds >= HOLD_BACK_AFTER_S
+
     def summary(self) -> str:
         times = "once" if self.times == 1 else f"{self.times} times"
         return f"interrupted {times} ({self.seconds:.0f} s in all; last in '{self.phase}')"
@@ -101,13 +107,10 @@ def merged_records(ours: dict[str, Interruption], theirs: dict[str, Interruption
     return out
 
 
-def held_back(records: dict[str, Interruption], run_id: str, solution_sha256: str | None,
-              after_s: float = HOLD_BACK_AFTER_S) -> Interruption | None:
-    """The record of `run_id`'s interruptions, if it is of this solution (a changed one starts afresh) and
-    they ran `after_s` in all: such a run is graded last."""
+def record_of(records: dict[str, Interruption], run_id: str, solution_sha256: str | None) -> Interruption | None:
+    """The record of `run_id`'s interruptions, if it is of this solution (a changed one starts afresh)."""
     record = records.get(run_id)
-    return record if record is not None and record.solution_sha256 == solution_sha256 \
-        and record.seconds >= after_s else None
+    return record if record is not None and record.solution_sha256 == solution_sha256 else None
 
 
 def graded_last(items: Sequence[T], held: Callable[[T], Interruption | None]) -> list[T]:

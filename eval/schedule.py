@@ -46,8 +46,8 @@ from .interrupted import (
     Interruption,
     add_interruption,
     graded_last,
-    held_back,
     read_records,
+    record_of,
     without_graded,
     write_records,
 )
@@ -437,14 +437,14 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
             else:
                 queue.append((sub, deck.get(sub.problem)))
         interruptions = _interruptions(opts.out, gpu, progress.console)
-        held = {sub.run_id: record for sub, _ in queue
-                if (record := held_back(interruptions, sub.run_id, sub.solution_sha256())) is not None}
+        recorded = {sub.run_id: record for sub, _ in queue
+                    if (record := record_of(interruptions, sub.run_id, sub.solution_sha256())) is not None}
+        held = {run_id: record for run_id, record in recorded.items() if record.outlasts_a_call}
         queue = graded_last(queue, lambda item: held.get(item[0].run_id))
-        for sub, _ in queue:
-            if (record := held_back(interruptions, sub.run_id, sub.solution_sha256(), after_s=0.0)) is not None:
-                where = "graded last" if sub.run_id in held else (
-                    f"graded in its place (cut within {HOLD_BACK_AFTER_S:.0f} s: where a deadline fell)")
-                progress.console.print(f"  {sub.run_id}: {record.summary()} in earlier batches: {where}")
+        for run_id, record in recorded.items():
+            where = "graded last" if run_id in held else (
+                f"graded in its place (cut within {HOLD_BACK_AFTER_S:.0f} s: where a deadline fell)")
+            progress.console.print(f"  {run_id}: {record.summary()} in earlier batches: {where}")
         gradeable = {sub.run_id for sub, problem in queue if _gradeable(opts, problem, sub)}
         baselines: dict[str, dict[int, dict[str, Any]]] = {}  # every problem's, before any build loads the
         # host: eager lines are host-bound
@@ -474,7 +474,7 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
                                            scratch, driver,
                                            functools.partial(_show_phase, progress, task, sub.run_id, phases),
                                            cell, prebuild_s)
-                if sub.run_id in interruptions:  # graded whole now
+                if sub.run_id in recorded:  # graded whole now
                     write_records(opts.out, gpu, without_graded(_interruptions(opts.out, gpu),
                                                                 {sub.run_id: sub.solution_sha256()}))
                 score = f" {row['speedup_vs_compile']:.2f}× vs compile" if row["speedup_vs_compile"] else ""

@@ -22,9 +22,9 @@ from kernelboard.eval.interrupted import (
     Interruption,
     add_interruption,
     graded_last,
-    held_back,
     merged_records,
     read_records,
+    record_of,
     records_path,
     without_graded,
     write_records,
@@ -59,11 +59,15 @@ def test_interrupted_runs_go_last_least_run_first_and_the_rest_keep_their_order(
     records = {"a": _record(seconds=500.0), "c": _record(seconds=200.0), "e": _record(sha="old", seconds=300.0),
                "f": _record(seconds=200.0), "g": _record(seconds=119.0)}
     items = ["a", "b", "c", "d", "e", "f", "g"]  # every solution "s1": e's changed since its record, not held back
-    assert held_back(records, "e", "s1") is None and held_back(records, "a", "s1") == records["a"]
+    assert record_of(records, "e", "s1") is None and record_of(records, "a", "s1") == records["a"]
     # g was cut within HOLD_BACK_AFTER_S (120 s): where a call's deadline fell, so it keeps its place
-    assert HOLD_BACK_AFTER_S == 120.0 and held_back(records, "g", "s1") is None
-    assert held_back(records, "g", "s1", after_s=0.0) == records["g"]
-    assert graded_last(items, lambda run_id: held_back(records, run_id, "s1")) == ["b", "d", "e", "g", "c", "f", "a"]
+    assert HOLD_BACK_AFTER_S == 120.0 and not records["g"].outlasts_a_call and records["c"].outlasts_a_call
+
+    def held(run_id: str) -> Interruption | None:  # as the batch holds runs back
+        record = record_of(records, run_id, "s1")
+        return record if record is not None and record.outlasts_a_call else None
+
+    assert graded_last(items, held) == ["b", "d", "e", "g", "c", "f", "a"]
 
 
 def test_a_record_counts_interruptions_of_one_solution_and_restarts_for_a_new_one() -> None:
