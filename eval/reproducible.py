@@ -14,7 +14,13 @@ regraded on another GPU, and each gets a status that is never scored (never a 0,
   header no file of it or of the system provides (`fatal error: X: No such file or directory`),
   a module or file it expects beside itself, a tool at a hard-coded absolute path this machine
   does not have (`/usr/bin/nvcc`), a helper of the original grader's reference.py that the deck's
-  rewritten reference lacks (`reference._rmsnorm`). The message names what is missing.
+  rewritten reference lacks (`reference._rmsnorm`). The message names what is missing. A kernel
+  whose build adds a CUTLASS folder beside itself as an include folder, a folder the published files
+  lack, is built against the grader's own CUTLASS instead (it is on CPATH), which need not be the one
+  it was written for: its failure is `not_reproducible` too where the evidence ties it to CUTLASS (a
+  build or run error naming CUTLASS; for a `wrong` output, its files calling their CUTLASS changed:
+  gpt-5.6-sol's 07 of 2026-07-21 says "customized", and stock CUTLASS's zero-point mode computes
+  `scale * q + zero` where its comment says `(q - zero) * scale`).
 
 Why after the failure and from text: the grader must never refuse a kernel for what it merely
 mentions (a comment about sm_100 on a kernel that works), and the evidence sits in compiler output
@@ -434,12 +440,159 @@ def _missing(text: str, folder: Path, ran_in: Path | None, cutlass: Cutlass | No
     return None
 
 
+#: Include folders in a torch/setuptools build call: keyword lists of paths, and "-I…" flags.
+_INCLUDE_KEYWORDS = ("extra_include_paths", "include_dirs")
+_FLAG_KEYWORDS = ("extra_cuda_cflags", "extra_cflags", "nvcc_flags", "extra_compile_args")
+_CUTLASS_INCLUDE = re.compile(r"#\s*include\s*[<\"](?:cutlass|cute)/")
+_CUTLASS_PART = re.compile(r"cutlass|cute", re.IGNORECASE)
+#: An error line that names CUTLASS (a header of it, or its namespace), not the build's command line, which
+#: carries the kernel's own `-I…/cutlass/include` whatever failed.
+_CUTLASS_ERROR = re.compile(r"^[^\n]*(?:\berror\b|\bfailed\b)[^\n]*(?:\bcutlass\b|\bcute\b)"
+                            r"|^[^\n]*(?:\bcutlass\b|\bcute\b)[^\n]*(?:\berror\b|\bfailed\b)",
+                            re.IGNORECASE | re.MULTILINE)
+_CHANGED_CUTLASS = re.compile(r"\b(?:customi[sz]ed|modified|patched|forked|hacked)\s+CUTLASS\b[^\n.;]{0,60}",
+                              re.IGNORECASE)
+
+
+def _names_file(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == "__file__" for n in ast.walk(node))
+
+
+def _own_folders(tree: ast.AST) -> dict[str, list[str]]:
+    """Names bound to the solution's own folder or a folder under it, each with its parts under it:
+    `root = Path(__file__).resolve().parent` → [], then `inc = os.path.join(root, "cutlass", "include")`
+    → ["cutlass", "include"]. A name bound to anything else is left out."""
+    folders: dict[str, list[str]] = {}
+    assigns = [n for n in ast.walk(tree) if isinstance(n, ast.Assign)]
+    for _ in range(3):  # names bound from names bound later in the file
+        for node in assigns:
+            parts = _beside(node.value, folders)
+            if parts is not None:
+                folders.update({t.id: parts for t in node.targets if isinstance(t, ast.Name)})
+    return folders
+
+
+def _beside(node: ast.AST, own: dict[str, list[str]]) -> list[str] | None:
+    """The path parts an expression adds under the solution's own folder (`root / "cutlass" / "include"`,
+    `os.path.join(HERE, "cutlass/include")`, `f"{root}/cutlass/include"`), or None where it names no
+    folder of the solution's (an absolute path, a variable of the environment, anything unread)."""
+    def const_parts(n: ast.AST) -> list[str] | None:
+        if isinstance(n, ast.Constant) and isinstance(n.value, str):
+            return [p for p in n.value.split("/") if p not in ("", ".")]
+        return None
+
+    if isinstance(node, ast.Name):
+        return list(own[node.id]) if node.id in own else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.Add)):
+        left, right = _beside(node.left, own), const_parts(node.right)
+        return None if left is None or right is None else left + right
+    if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.FormattedValue):
+        base = _beside(node.values[0].value, own)
+        rest = [const_parts(v) for v in node.values[1:]]
+        return None if base is None or any(r is None for r in rest) else base + [p for r in rest for p in r or []]
+    if isinstance(node, ast.Call):
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        if name == "join" and node.args:
+            base, rest = _beside(node.args[0], own), [const_parts(a) for a in node.args[1:]]
+            return None if base is None or any(r is None for r in rest) else base + [p for r in rest for p in r or []]
+        if name in ("str", "fspath", "Path", "abspath", "realpath", "normpath") and len(node.args) == 1:
+            return _beside(node.args[0], own)
+        if name in ("resolve", "absolute") and isinstance(func, ast.Attribute):
+            return _beside(func.value, own)
+    if isinstance(node, ast.Attribute) and node.attr == "parent" and _names_file(node):
+        return []
+    if isinstance(node, ast.Call) and _names_file(node):  # os.path.dirname(os.path.abspath(__file__))
+        return []
+    return None
+
+
+def _include_folders(tree: ast.AST, own: dict[str, list[str]]) -> Iterator[tuple[int, list[str]]]:
+    """(line, parts under the solution's folder) of each include folder its build calls name."""
+    lists = {t.id: n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+             for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, (ast.List, ast.Tuple))}
+    for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
+        for kw in call.keywords:
+            value = lists.get(kw.value.id, kw.value) if isinstance(kw.value, ast.Name) else kw.value
+            if kw.arg not in _INCLUDE_KEYWORDS + _FLAG_KEYWORDS or not isinstance(value, (ast.List, ast.Tuple)):
+                continue
+            for element in value.elts:
+                if kw.arg in _FLAG_KEYWORDS:  # f"-I{root}/cutlass/include"
+                    if not (isinstance(element, ast.JoinedStr) and len(element.values) >= 2
+                            and isinstance(element.values[0], ast.Constant) and element.values[0].value == "-I"):
+                        continue
+                    element = ast.JoinedStr(values=element.values[1:])
+                parts = _beside(element, own)
+                if parts:
+                    yield element.lineno if hasattr(element, "lineno") else call.lineno, parts
+
+
+@dataclass(frozen=True)
+class Vendored:
+    """A CUTLASS folder a kernel's build names beside itself, which the published files lack."""
+
+    folder: str  # relative to the submission
+    where: str  # file:line of the build call
+    changed: str | None  # the kernel's files' own words for a changed CUTLASS ("customized CUTLASS …")
+
+    def why(self, cutlass: Cutlass) -> str:
+        said = f"; its files speak of a {self.changed!r}" if self.changed else ""
+        return (f"its build adds {self.folder} beside solution.py as an include folder ({self.where}), which the "
+                f"published files lack, so it was built against the grader's CUTLASS {cutlass.version or ''}"
+                f"{said}")
+
+
+def vendored_cutlass_missing(folder: Path) -> Vendored | None:
+    """The CUTLASS folder the kernel's build adds beside itself as an include folder (`root / "cutlass" /
+    "include"`) that the published files lack, where its sources include `cutlass/` or `cute/` headers:
+    those came from the grader's CUTLASS, a stand-in for a copy the agent may have changed. None when
+    there is none."""
+    files = list(text_files(folder))
+    if not any(_CUTLASS_INCLUDE.search(code_view(rel, text)) for rel, text in files):
+        return None
+    for rel, text in files:
+        if not rel.endswith(".py"):
+            continue
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        for line, parts in _include_folders(tree, _own_folders(tree)):
+            vendored = "/".join(parts)
+            if ".." in parts or not any(_CUTLASS_PART.search(p) for p in parts) or (folder / vendored).exists():
+                continue
+            changed = next((m.group().strip() for _, t in files if (m := _CHANGED_CUTLASS.search(t))), None)
+            return Vendored(vendored, f"{rel}:{line}", changed)
+    return None
+
+
+def _cutlass_stood_in(status: str, text: str, folder: Path, cutlass: Cutlass | None) -> str | None:
+    """Why a failure is the stand-in CUTLASS's rather than the kernel's, or None. The missing folder alone
+    does not say so (claude-fable-5's 07 of 2026-07-03 fails at M = 1, on its own mma.sync path, with
+    CUTLASS only for large M): a build or run failure must name CUTLASS in its error text, and a `wrong`
+    output needs the kernel's files to call their CUTLASS changed (gpt-5.6-sol's 07 of 2026-07-21:
+    "customized CUTLASS register transform")."""
+    vendored = vendored_cutlass_missing(folder) if cutlass is not None else None
+    if vendored is None or cutlass is None:
+        return None
+    named = _CUTLASS_ERROR.search(text) is not None
+    if vendored.changed or (status in ("build_error", "runtime_error") and named):
+        return vendored.why(cutlass)
+    return None
+
+
 def classify(status: str, message: str, error_text: str, folder: Path, capability: str | None,
              ran_in: Path | None = None, cutlass: Cutlass | None = None) -> tuple[str, str] | None:
     """A better (status, message) for a failed grading, or None to keep it: `needs_other_arch` or
     `not_reproducible` (or `not_graded` for CUTLASS headers the grader lacks) for a `build_error` or
-    `runtime_error`; anything else is kept. `folder`: the submission as published (never the scratch
-    copy its code ran in, `ran_in`, whose paths appear in error texts); `capability`: the GPU's."""
+    `runtime_error`, `not_reproducible` for a `wrong` built against the grader's CUTLASS in place of a
+    vendored one the published files lack; anything else is kept. `folder`: the submission as published
+    (never the scratch copy its code ran in, `ran_in`, whose paths appear in error texts); `capability`:
+    the GPU's."""
+    if status == "wrong":  # built and ran: only a stand-in for files it lacks can excuse its output
+        stood_in = _cutlass_stood_in(status, message, folder, cutlass)
+        return None if stood_in is None else (NOT_REPRODUCIBLE, _cut(f"not reproducible from the published "
+                                                                      f"files: {stood_in} — {message}"))
     if status not in ("build_error", "runtime_error"):
         return None
     text = f"{message}\n{error_text}"
@@ -451,4 +604,7 @@ def classify(status: str, message: str, error_text: str, folder: Path, capabilit
         new_status, why = found
         prefix = "not reproducible from the published files: " if new_status == NOT_REPRODUCIBLE else ""
         return new_status, _cut(f"{prefix}{why} — {message}")
+    stood_in = _cutlass_stood_in(status, text, folder, cutlass)
+    if stood_in is not None:
+        return NOT_REPRODUCIBLE, _cut(f"not reproducible from the published files: {stood_in} — {message}")
     return None

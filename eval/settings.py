@@ -237,6 +237,11 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: build at once. Its prebuild calls every shape on fake CUDA tensors, also where no Model could be built on
 #: meta or the CPU (one that allocates on "cuda:0" itself), with torch.cuda's streams, events and graphs
 #: standing in for the GPU's (prebuild._host_streams_and_graphs): building only.
+#: 0.5.10 labels a failure `not_reproducible` where its build added a vendored CUTLASS folder beside the
+#: solution that the published files lack (the grader's own CUTLASS stood in) and the evidence ties the
+#: failure to CUTLASS: an error line naming it, or, for a `wrong` output, the kernel's files calling their
+#: CUTLASS changed (eval/reproducible.py `_cutlass_stood_in`; gpt-5.6-sol 07 150450, "customized"). Judge
+#: side only: no check or figure changes, and one committed verdict (that run's 0.5.9 `wrong`) would move.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 

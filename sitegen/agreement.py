@@ -109,6 +109,15 @@ EVIDENCE: dict[str, str] = {
         "architecture-specific code (load_inline with torch's default target, solution.py:476–488) and their "
         "check log is not published. On the H100 SXM it builds from the published file and is exact on all "
         "80 checks, the structural tie and spike cases included, and on every timed call"),
+    "20260721_150450_codex_gpt-5.6-sol_07_w4a16_gemm": (
+        "not the GPU but the files: its build adds cutlass/include beside solution.py as an include folder "
+        "(solution.py:50), a vendored CUTLASS the published files lack, whose \"customized CUTLASS register "
+        "transform … evaluates (q + (-zero))*scale\" (solution.py:195–196); built against stock CUTLASS 4.2.0, "
+        "whose zero-point mode computes scale * q + zero (cutlass/detail/collective/mixed_input_utils.hpp), "
+        "every prefill output is off by the zero-point term (shape 1: 1320 where the reference has 1.13), while "
+        "its M = 1 path, which uses no CUTLASS mainloop, passes shape 0. Grader 0.5.10 labels such a failure "
+        "not_reproducible (eval/reproducible.py `_cutlass_stood_in`); this row is 0.5.9's and counts against "
+        "us until it is graded again"),
     "20260707_044245_longcat-claude_LongCat-2.0_07_w4a16_gemm": (
         "other GPU: theirs graded it on an RTX PRO 6000 (sm_120); on an H100 (sm_90, Triton 3.6.0) its "
         "autotuner's first call faults with an illegal memory access. bench/autotune_configs.py --shape 0 ran "

@@ -137,6 +137,67 @@ def test_a_missing_vendored_header_and_one_that_is_there(tmp_path: Path) -> None
     assert classify("build_error", "m", text, folder, H200) is None
 
 
+PUBLISHED = Path(__file__).resolve().parents[1] / "data" / "submissions" / "hard"
+STOCK = Cutlass(Path("/opt/cutlass"), (Path("/opt/cutlass/include"),), "4.2.0", "test")
+
+VENDORING = '''
+import os
+from pathlib import Path
+from torch.utils.cpp_extension import load
+{comment}
+def ext():
+    root = Path(__file__).resolve().parent
+    inc = os.path.join(str(root), "cutlass", "include")
+    return load(name="w4", sources=[str(root / "k.cu")], extra_include_paths=[inc, str(root / "util")])
+'''
+CUTLASS_CU = '#include "cutlass/cutlass.h"\n#include "cute/tensor.hpp"\n'
+
+
+def test_a_published_kernel_built_against_the_graders_cutlass_in_place_of_its_customized_one() -> None:
+    """gpt-5.6-sol's 07 (2026-07-21) adds cutlass/include beside itself, unpublished, and says its CUTLASS's
+    zero-point transform was customized; with stock CUTLASS 4.2.0 every output of shape 1 was off (H100)."""
+    folder = PUBLISHED / "20260721_150450_codex_gpt-5.6-sol_07_w4a16_gemm"
+    wrong = "shape 1 (small prefill) seed 42 case nominal: 393039 of 393216 elements out of tolerance"
+    status, message = classify("wrong", wrong, "", folder, H200, cutlass=STOCK)
+    assert status == NOT_REPRODUCIBLE
+    assert "cutlass/include beside solution.py" in message and "solution.py:50" in message
+    assert "CUTLASS 4.2.0" in message and "customized CUTLASS" in message and message.endswith(wrong)
+    assert classify("wrong", wrong, "", folder, H200, cutlass=None) is None  # no stand-in: its own failure
+
+
+def test_a_missing_cutlass_folder_alone_does_not_excuse_a_wrong_output() -> None:
+    """claude-fable-5's 07 (2026-07-03) also names an unpublished cutlass/include, for large M only; it
+    fails at M = 1 on its own mma.sync path, and its files do not call their CUTLASS changed."""
+    folder = PUBLISHED / "20260703_200159_claude_claude-fable-5_07_w4a16_gemm"
+    assert reproducible.vendored_cutlass_missing(folder) is not None
+    assert classify("wrong", "shape 0 (decode) seed 42 case small_scales: …", "", folder, H200, cutlass=STOCK) is None
+
+
+def test_a_vendored_cutlass_folder_that_was_published_excuses_nothing(tmp_path: Path) -> None:
+    folder = _sub(tmp_path, {"solution.py": VENDORING.format(comment="# our customized CUTLASS epilogue"),
+                             "k.cu": CUTLASS_CU, "cutlass/include/cutlass/cutlass.h": "// vendored\n"})
+    assert reproducible.vendored_cutlass_missing(folder) is None
+    assert classify("wrong", "m", "", folder, H200, cutlass=STOCK) is None
+
+
+def test_a_failure_is_the_stand_in_cutlass_only_where_the_evidence_names_cutlass(tmp_path: Path) -> None:
+    folder = _sub(tmp_path, {"solution.py": VENDORING.format(comment=""), "k.cu": CUTLASS_CU})
+    found = reproducible.vendored_cutlass_missing(folder)
+    assert found is not None and found.folder == "cutlass/include" and found.changed is None
+    cutlass_error = ("[1/2] nvcc -I/tmp/w/cutlass/include -c k.cu\nFAILED: k.cuda.o\n"
+                     "k.cu(40): error: namespace \"cutlass::gemm\" has no member \"KernelTmaWarpSpecialized\"")
+    status, message = classify("build_error", "Error building extension 'w4'", cutlass_error, folder, H200,
+                               cutlass=STOCK)
+    assert status == NOT_REPRODUCIBLE and "cutlass/include" in message
+    own_error = "[1/2] nvcc -I/tmp/w/cutlass/include -c k.cu\nFAILED: k.cuda.o\nk.cu(12): error: identifier \"acc\""
+    assert classify("build_error", "Error building extension 'w4'", own_error, folder, H200,
+                    cutlass=STOCK) is None  # its own code's error (the command line's -I names cutlass)
+    assert classify("wrong", "m", "", folder, H200, cutlass=STOCK) is None  # no word of a changed CUTLASS
+    plain = _sub(tmp_path / "p", {"solution.py": VENDORING.format(comment="# customized CUTLASS mainloop"),
+                                  "k.cu": "__global__ void k() {}\n"})
+    assert reproducible.vendored_cutlass_missing(plain) is None  # no CUTLASS header: the folder was not used
+
+
 def test_a_missing_sidecar_module(tmp_path: Path) -> None:
     folder = _sub(tmp_path, {"solution.py": "from gemm_backend_v3 import ext\n"})
     status, message = classify("build_error", "importing solution.py: ModuleNotFoundError: No module named "
