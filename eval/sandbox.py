@@ -66,11 +66,14 @@ def cache_dir(cache_key: str) -> Path:
     return Path(os.environ.get("KERNELBOARD_CACHE", Path.home() / ".cache" / "kernelboard")) / cache_key
 
 
-def built_kernels(cache_key: str) -> tuple[frozenset[Path], frozenset[Path]]:
+def built_kernels(cache_key: str, folder: Path | None = None) -> tuple[frozenset[Path], frozenset[Path]]:
     """The Triton kernel variants (cubins) and torch extensions (shared objects) in one solution's compile
-    caches: what its worker finds built, and, taken again after it, what the worker built on GPU time."""
+    caches, and in its scratch copy `folder` (a build beside solution.py: `build_directory=` a folder of
+    its own): what its worker finds built, and, taken again after it, what the worker built on GPU time."""
     root = cache_dir(cache_key)
-    return frozenset((root / "triton").rglob("*.cubin")), frozenset((root / "torch_extensions").rglob("*.so"))
+    beside = frozenset(folder.rglob("*.so")) if folder is not None else frozenset()
+    return (frozenset((root / "triton").rglob("*.cubin")),
+            frozenset((root / "torch_extensions").rglob("*.so")) | beside)
 
 
 def built_line(before: tuple[frozenset[Path], frozenset[Path]], after: tuple[frozenset[Path], frozenset[Path]]) -> str:
@@ -192,7 +195,7 @@ def run_worker(job: Job, workdir: Path, log_path: Path, timeout_s: float, cache_
         log.flush()
     start = time.perf_counter()
     phase, phase_start = None, start
-    built = built_kernels(cache_key) if job.kind == "grade" else None
+    built = built_kernels(cache_key, workdir) if job.kind == "grade" else None
     with log, _holding_cache(cache_key, log):
         env = worker_env(cache_key, arch, interpret=job.device == "cpu")
         proc: subprocess.Popen[bytes] | zygote.Forked | None = zygote.fork_worker([str(job_path)], workdir, env, log)
@@ -225,7 +228,7 @@ def run_worker(job: Job, workdir: Path, log_path: Path, timeout_s: float, cache_
         finally:
             _kill_group(proc)  # on every path: children it left behind (compilers, helpers) go too
             if built is not None:
-                log.write(f"{built_line(built, built_kernels(cache_key))}\n")
+                log.write(f"{built_line(built, built_kernels(cache_key, workdir))}\n")
     seconds = time.perf_counter() - start
     if rc is None and not result_path.exists():  # a forked worker whose zygote died before it reported the exit
         msg = f"the zygote that forked the worker died (in phase '{phase}'); the worker was killed"
@@ -252,6 +255,7 @@ class Prebuild:
     started: float
     cache_fd: int  # its share of the solution's compile caches (`hold_cache`), closed by `finish_prebuild`
     ended: float | None = None
+    folder: Path | None = None  # the scratch copy it built in (builds beside solution.py stay there)
 
     def watch(self) -> Prebuild:
         def stamp() -> None:
@@ -289,7 +293,7 @@ def start_prebuild(problem_path: Path, solution_dir: Path, log_path: Path, cache
         except BaseException:
             os.close(cache_fd)
             raise
-    return Prebuild(proc, started, cache_fd).watch()
+    return Prebuild(proc, started, cache_fd, folder=solution_dir).watch()
 
 
 def finish_prebuild(prebuild: Prebuild, timeout_s: float) -> float:

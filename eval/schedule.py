@@ -225,8 +225,10 @@ def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem:
                      sub: Submission, env: dict[str, Any], baselines: dict[int, dict[str, Any]],
                      scratch: Path, driver: str | None,
                      on_phase: Callable[[str], None] | None = None, cell: Jail | None = None,
-                     prebuild_s: float = 0.0) -> dict[str, Any]:
+                     prebuild_s: float = 0.0, built_in: Path | None = None) -> dict[str, Any]:
     """Grade (or classify without grading) one submission and write its rows; returns its result row.
+    `built_in`: the scratch copy its prebuild ran in, whose builds beside solution.py the grading keeps
+    (`graded_copy`).
 
     `graded_at` is stamped when grading ends (after the worker returns); `grade_seconds` is the worker's
     wall time plus `prebuild_s`, the wall time of this solution's own prebuild (the CPU compile of
@@ -254,8 +256,7 @@ def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem:
         row = result_row(status="build_error", message="solution.py is empty: there is no Model to build",
                          shapes=[], seeds=None, grade_seconds=None, log_path=None, **common)
     else:
-        workdir = scratch / sub.run_id
-        shutil.copytree(sub.folder, workdir, ignore=shutil.ignore_patterns("run.yaml", "__pycache__"))
+        workdir, kept = graded_copy(sub, scratch, built_in)
         job = Job(kind="grade", problem_path=problem.folder.resolve(), device=opts.device, solution_dir=workdir,
                   base_seed=secrets.randbits(31), rep_ms=opts.rep_ms, jail=cell or jail_for(opts))
         log = opts.out / gpu / "logs" / f"{sub.run_id}.log"
@@ -264,6 +265,10 @@ def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem:
         result = res.result
         common["graded_at"] = _now()  # the end of grading, not its start
         status, message = result.get("status", "runtime_error"), result.get("message", "?")
+        if kept:
+            with contextlib.suppress(OSError), log.open("a") as fh:
+                fh.write(f"[grader] graded in the copy its prebuild built in, keeping what its builds left "
+                         f"there: {kept}\n")
         relabelled = classify(status, message, str(result.get("error_text") or ""), sub.folder,
                               (result.get("env") or env).get("capability"), ran_in=workdir, cutlass=find_cutlass())
         if relabelled is not None:
@@ -287,6 +292,47 @@ def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem:
         ("results", [row], None),
     ])
     return row
+
+
+def graded_copy(sub: Submission, scratch: Path, built_in: Path | None) -> tuple[Path, str]:
+    """The scratch copy a grading runs in, and what of its prebuild's it keeps ("" for nothing). Without a
+    prebuild: a fresh copy of the published files. With one: the prebuild's own copy, at the path its
+    builds ran at, since a build beside solution.py (`load(..., build_directory=<its folder>/build)`:
+    deepseek-v4-flash-0731 07 021705's CUTLASS extension, 340 s on the H100's time) is rebuilt wherever a
+    compile command's paths differ. There only builds stay: folders holding a `build.ninja`, and shared
+    objects. Every other file the prebuild's calls left goes (a config its fake-timed autotuner saved,
+    say), and so does every link and a build lock torch left (a killed build's: torch would wait for it
+    forever); then the published files are written back as published, each after removing what is at
+    its path, so that nothing is ever written through a link the candidate made."""
+    fresh = scratch / sub.run_id
+    if built_in is None or not built_in.is_dir():
+        shutil.copytree(sub.folder, fresh, ignore=shutil.ignore_patterns("run.yaml", "__pycache__"))
+        return fresh, ""
+    builds = {ninja.parent for ninja in built_in.rglob("build.ninja")
+              if not any(p.is_symlink() for p in (ninja, *ninja.parents) if built_in in p.parents)}
+    kept = 0
+    for path in sorted(built_in.rglob("*"), reverse=True):  # what is in a folder before the folder
+        in_build = any(d == path or d in path.parents for d in builds)
+        if path.is_symlink() or (path.name == "lock" and path.parent in builds):
+            path.unlink()
+        elif path.is_dir():
+            with contextlib.suppress(OSError):
+                path.rmdir()  # where it is left empty
+        elif in_build or path.suffix == ".so":
+            kept += 1
+        else:
+            path.unlink()
+    for source in sorted(sub.folder.rglob("*")):
+        rel = source.relative_to(sub.folder)
+        if rel.as_posix() == "run.yaml" or "__pycache__" in rel.parts or not source.is_file():
+            continue
+        target = built_in / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists() or target.is_symlink():
+            target.unlink()
+        shutil.copy2(source, target)
+    folders = f"{len(builds)} build folder{'s' if len(builds) != 1 else ''}"
+    return built_in, f"{kept} built file{'s' if kept != 1 else ''} ({folders})" if kept else ""
 
 
 _MEASURED = ("measured_copy_gb_s", "measured_bf16_tflop_s", "measured_fp8_tflop_s", "measured_at")
@@ -473,7 +519,7 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
                     row = grade_submission(opts, gpu, spec, problem, sub, env, baselines.get(sub.problem, {}),
                                            scratch, driver,
                                            functools.partial(_show_phase, progress, task, sub.run_id, phases),
-                                           cell, prebuild_s)
+                                           cell, prebuild_s, None if build is None else build.folder)
                 if sub.run_id in recorded:  # graded whole now
                     write_records(opts.out, gpu, without_graded(_interruptions(opts.out, gpu),
                                                                 {sub.run_id: sub.solution_sha256()}))

@@ -242,6 +242,10 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: failure to CUTLASS: an error line naming it, or, for a `wrong` output, the kernel's files calling their
 #: CUTLASS changed (eval/reproducible.py `_cutlass_stood_in`; gpt-5.6-sol 07 150450, "customized"). Judge
 #: side only: no check or figure changes, and one committed verdict (that run's 0.5.9 `wrong`) would move.
+#: Its grading runs in the scratch copy its prebuild built in, keeping only builds there (schedule.graded_copy):
+#: a build beside solution.py (`build_directory=` a folder of its own) is no longer done again on the GPU's time
+#: (deepseek-v4-flash-0731 07 021705: 343 s, cut off; grok-4.5 07 040836: a 73 s first call), and the log's
+#: "built while grading" counts shared objects there too: building only, no check or figure changes.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 

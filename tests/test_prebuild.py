@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -33,12 +34,32 @@ from reference import Model, get_inputs, get_init_inputs  # noqa: F401
 """
 
 
+# A stand-in for `load(..., build_directory=<its own folder>/build/ext)` (deepseek-v4-flash-0731 07 021705):
+# a build beside solution.py, found again only at the path it ran at. Its prebuild also leaves a config and
+# a build lock behind; the worker says what it finds.
+BUILD_BESIDE = """
+import os, pathlib
+here = pathlib.Path(__file__).resolve().parent
+build = here / "build" / "ext"
+if (build / "ext.so").exists():
+    print(f"FOUND BESIDE config={(here / 'tuned.json').exists()} lock={(build / 'lock').exists()}", flush=True)
+else:
+    build.mkdir(parents=True)
+    (build / "build.ninja").write_text("rule cc\\n")
+    (build / "ext.so").write_bytes(b"ELF")
+    (build / "lock").write_text("")
+    (here / "tuned.json").write_text("{}")
+    print("BUILT BESIDE", flush=True)
+from reference import Model, get_inputs, get_init_inputs  # noqa: F401
+"""
+
+
 def test_prebuild_compiles_the_next_solution_while_the_current_one_grades(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, measured_baselines: MeasuredBaselines) -> None:
     monkeypatch.setenv("KERNELBOARD_CACHE", str(tmp_path / "cache"))
     subs = tmp_path / "subs"
     for name, source in (("a_plain", "from reference import Model, get_inputs, get_init_inputs  # noqa: F401\n"),
-                         ("b_slow_build", SLOW_BUILD)):
+                         ("b_slow_build", SLOW_BUILD), ("c_build_beside", BUILD_BESIDE)):
         (subs / name).mkdir(parents=True)
         (subs / name / "solution.py").write_text(source)
         (subs / name / "run.yaml").write_text("problem: 03_paged_attention\nmodel: t\nharness: pytest\n"
@@ -46,8 +67,13 @@ def test_prebuild_compiles_the_next_solution_while_the_current_one_grades(
     out = tmp_path / "out"
     measured_baselines.copy_into(out, ["03_paged_attention"], rep_ms=20.0)  # the session's: not what this is about
     rows = run_eval(EvalOptions(deck=DECK, submissions=subs, out=out, device="cpu", rep_ms=20.0, prebuild=True))
-    assert [r["status"] for r in rows] == ["pass", "pass"]
+    assert [r["status"] for r in rows] == ["pass", "pass", "pass"]
     logs = out / "cpu" / "logs"
+    assert "BUILT BESIDE" in (logs / "c_build_beside.prebuild.log").read_text()
+    beside = (logs / "c_build_beside.log").read_text()
+    assert "FOUND BESIDE config=False lock=False" in beside  # its build kept; the rest of the prebuild's gone
+    assert "keeping what its builds left there: 2 built files (1 build folder)" in beside
+    assert "built while grading: 0 Triton kernel variants, 0 extensions (found built before: 0 and 1)" in beside
     assert "BUILT" in (logs / "b_slow_build.prebuild.log").read_text()
     assert "[prebuild] imported" in (logs / "b_slow_build.prebuild.log").read_text()
     assert "BUILD CACHE HIT" in (logs / "b_slow_build.log").read_text()
@@ -587,3 +613,43 @@ def test_the_log_counts_what_was_built_during_grading_apart_from_what_was_found(
     (root / "triton" / "C" / "k3.cubin").write_bytes(b"")
     assert built_line(before, built_kernels("k")) == (
         "[grader] built while grading: 1 Triton kernel variants, 0 extensions (found built before: 2 and 1)")
+
+
+def test_the_graded_copy_keeps_only_builds_and_never_writes_through_a_link(tmp_path: Path) -> None:
+    """What a prebuild's calls left in its copy is candidate-made: a link there could point the grader's
+    own writes outside (it writes the published files back), so links go before anything is written."""
+    from kernelboard.eval.schedule import graded_copy
+    from kernelboard.eval.submission import load_submission
+
+    published = tmp_path / "subs" / "r1"
+    (published / "kernels").mkdir(parents=True)
+    (published / "solution.py").write_text("print('published')\n")
+    (published / "kernels" / "k.cu").write_text("// published\n")
+    (published / "run.yaml").write_text("problem: 03_paged_attention\nmodel: t\nharness: h\nagent_outcome: completed\n")
+    sub = load_submission(published)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    assert graded_copy(sub, scratch, None) == (scratch / "r1", "")  # no prebuild: the published files
+    assert sorted(p.name for p in (scratch / "r1").iterdir()) == ["kernels", "solution.py"]
+
+    built = scratch / "r1.prebuild"
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the grader's own file\n")
+    shutil.copytree(published, built, ignore=shutil.ignore_patterns("run.yaml"))
+    (built / "solution.py").unlink()
+    (built / "solution.py").symlink_to(victim)  # the published file, now a link out
+    shutil.rmtree(built / "kernels")
+    (built / "kernels").symlink_to(tmp_path, target_is_directory=True)
+    (built / "build" / "ext").mkdir(parents=True)
+    for name in ("build.ninja", "ext.so", "lock"):
+        (built / "build" / "ext" / name).write_text("x")
+    (built / "tuned.json").write_text("{}")
+    (built / "inplace.so").write_text("x")
+    folder, kept = graded_copy(sub, scratch, built)
+    assert folder == built and kept == "3 built files (1 build folder)"
+    assert victim.read_text() == "the grader's own file\n"
+    assert not any(p.is_symlink() for p in built.rglob("*"))
+    assert (built / "solution.py").read_text() == "print('published')\n"
+    assert (built / "kernels" / "k.cu").read_text() == "// published\n"
+    assert sorted(p.relative_to(built).as_posix() for p in built.rglob("*") if p.is_file()) == [
+        "build/ext/build.ninja", "build/ext/ext.so", "inplace.so", "kernels/k.cu", "solution.py"]
