@@ -18,10 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
-from grading import REEXPORT, grade
+from grading import REEXPORT, copy_deck, grade, write_submission
 
 from kernelboard.eval import jail
 from kernelboard.eval.jail import find_bwrap
+from kernelboard.eval.schedule import EvalOptions, run_eval
 from kernelboard.eval.tables import load_all
 
 pytestmark = pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap is not usable here (make test installs it)")
@@ -295,3 +296,31 @@ def test_a_ram_bomb_is_stopped_by_the_memory_limit(world) -> None:
 
 def test_a_huge_file_is_refused_by_the_file_size_limit(world) -> None:
     assert "File too large" in world["said"]["attack_big_file"], world["said"]["attack_big_file"]
+
+
+def test_a_link_its_prebuild_left_does_not_carry_the_graders_writes_outside(tmp_path: Path,
+                                                                            measured_baselines) -> None:
+    """Its prebuild runs its code in the copy its grading then takes over (grader 0.5.10, schedule.graded_copy),
+    and the grader writes the published files back there: the attack swaps its own published helper.py
+    for a link to a file of the host's, for that write to go through. Every link goes first."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the host's file\n")
+    body = f"""
+helper = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'helper.py')
+said = 'a link' if os.path.islink(helper) else 'a plain file: ' + open(helper).read().strip()
+os.remove(helper)
+os.symlink('{victim}', helper)
+said += '; swapped it for a link'
+"""
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    write_submission(subs / "attack_relink", P, _attack("relink", body))
+    (subs / "attack_relink" / "helper.py").write_text("# published helper\n")
+    measured_baselines.copy_into(out, [P], 20.0)
+    rows = run_eval(EvalOptions(deck=copy_deck(tmp_path, [P]), submissions=subs, out=out, device="cpu",
+                                rep_ms=20.0, prebuild=True))
+    logs = out / "cpu" / "logs"
+    said = "ATTACK relink: a plain file: # published helper; swapped it for a link"
+    assert said in (logs / "attack_relink.prebuild.log").read_text()  # its prebuild made the link
+    assert said in (logs / "attack_relink.log").read_text()  # and its grading found the published file
+    assert victim.read_text() == "the host's file\n"
+    assert rows[0]["status"] == "pass", rows[0]["message"]
