@@ -308,10 +308,15 @@ def graded_copy(sub: Submission, scratch: Path, built_in: Path | None) -> tuple[
     if built_in is None or not built_in.is_dir():
         shutil.copytree(sub.folder, fresh, ignore=shutil.ignore_patterns("run.yaml", "__pycache__"))
         return fresh, ""
-    builds = {ninja.parent for ninja in built_in.rglob("build.ninja")
-              if not any(p.is_symlink() for p in (ninja, *ninja.parents) if built_in in p.parents)}
+    builds: set[Path] = set()
+    entries: list[Path] = []
+    for folder, dirs, files in os.walk(built_in, followlinks=False):  # never into a linked folder
+        here = Path(folder)
+        if "build.ninja" in files and not (here / "build.ninja").is_symlink():
+            builds.add(here)
+        entries += [here / name for name in (*dirs, *files)]
     kept = 0
-    for path in sorted(built_in.rglob("*"), reverse=True):  # what is in a folder before the folder
+    for path in sorted(entries, reverse=True):  # what is in a folder before the folder
         in_build = any(d == path or d in path.parents for d in builds)
         if path.is_symlink() or (path.name == "lock" and path.parent in builds):
             path.unlink()

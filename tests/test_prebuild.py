@@ -647,7 +647,8 @@ def test_the_graded_copy_keeps_only_builds_and_never_writes_through_a_link(tmp_p
     (built / "inplace.so").write_text("x")
     folder, kept = graded_copy(sub, scratch, built)
     assert folder == built and kept == "3 built files (1 build folder)"
-    assert victim.read_text() == "the grader's own file\n"
+    assert victim.read_text() == "the grader's own file\n"  # nothing written through solution.py's link
+    assert (published / "kernels" / "k.cu").is_file()  # nor removed through the linked kernels/ folder
     assert not any(p.is_symlink() for p in built.rglob("*"))
     assert (built / "solution.py").read_text() == "print('published')\n"
     assert (built / "kernels" / "k.cu").read_text() == "// published\n"
