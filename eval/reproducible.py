@@ -500,11 +500,19 @@ def _beside(node: ast.AST, own: dict[str, list[str]]) -> list[str] | None:
             return _beside(node.args[0], own)
         if name in ("resolve", "absolute") and isinstance(func, ast.Attribute):
             return _beside(func.value, own)
-    if isinstance(node, ast.Attribute) and node.attr == "parent" and _names_file(node):
-        return []
-    if isinstance(node, ast.Call) and _names_file(node):  # os.path.dirname(os.path.abspath(__file__))
-        return []
-    return None
+    # the solution's folder itself, one level up from __file__ (`Path(__file__).resolve().parent`,
+    # `os.path.dirname(os.path.abspath(__file__))`); two levels up is outside the submission
+    return [] if _names_file(node) and sum(map(_one_level_up, ast.walk(node))) == 1 else None
+
+
+def _one_level_up(node: ast.AST) -> bool:
+    """`x.parent` or `os.path.dirname(x)`."""
+    if isinstance(node, ast.Attribute):
+        return node.attr == "parent"
+    if isinstance(node, ast.Call):
+        func = node.func
+        return (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")) == "dirname"
+    return False
 
 
 def _include_folders(tree: ast.AST, own: dict[str, list[str]]) -> Iterator[tuple[int, list[str]]]:
