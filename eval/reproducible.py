@@ -574,7 +574,7 @@ def vendored_cutlass_missing(folder: Path) -> Vendored | None:
     return None
 
 
-def _cutlass_stood_in(status: str, text: str, folder: Path, cutlass: Cutlass | None) -> str | None:
+def cutlass_stood_in(status: str, text: str, folder: Path, cutlass: Cutlass | None) -> str | None:
     """Why a failure is the stand-in CUTLASS's rather than the kernel's, or None. The missing folder alone
     does not say so (claude-fable-5's 07 of 2026-07-03 fails at M = 1, on its own mma.sync path, with
     CUTLASS only for large M): a build or run failure must name CUTLASS in its error text, and a `wrong`
@@ -598,7 +598,7 @@ def classify(status: str, message: str, error_text: str, folder: Path, capabilit
     (never the scratch copy its code ran in, `ran_in`, whose paths appear in error texts); `capability`:
     the GPU's."""
     if status == "wrong":  # built and ran: only a stand-in for files it lacks can excuse its output
-        stood_in = _cutlass_stood_in(status, message, folder, cutlass)
+        stood_in = cutlass_stood_in(status, message, folder, cutlass)
         return None if stood_in is None else (NOT_REPRODUCIBLE, _cut(f"not reproducible from the published "
                                                                       f"files: {stood_in} — {message}"))
     if status not in ("build_error", "runtime_error"):
@@ -612,7 +612,7 @@ def classify(status: str, message: str, error_text: str, folder: Path, capabilit
         new_status, why = found
         prefix = "not reproducible from the published files: " if new_status == NOT_REPRODUCIBLE else ""
         return new_status, _cut(f"{prefix}{why} — {message}")
-    stood_in = _cutlass_stood_in(status, text, folder, cutlass)
+    stood_in = cutlass_stood_in(status, text, folder, cutlass)
     if stood_in is not None:
         return NOT_REPRODUCIBLE, _cut(f"not reproducible from the published files: {stood_in} — {message}")
     return None

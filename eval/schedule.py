@@ -54,18 +54,20 @@ from .interrupted import (
 from .jail import Jail, make_jail
 from .job import Job
 from .prebuild import GRADING_GPU_KEYS
-from .reproducible import classify
+from .reproducible import classify, cutlass_stood_in
 from .sandbox import Prebuild, driver_version, finish_prebuild, gpu_lock, probe_device, run_worker, start_prebuild
 from .schema import CPU_KEY, DNF_OUTCOMES, PRECISIONS, TIME_STATS, peak_column
 from .scoring import best_compile, result_row, shape_rows
 from .settings import (
     BASELINE_VARIANTS,
+    CUTLASS_STAND_IN_SINCE,
     GRADER_VERSION,
     HOLD_BACK_AFTER_S,
     PREBUILD_AHEAD,
     PREBUILD_CPUS_EACH,
     PREBUILD_WARM_CALL_S,
     baseline_reusable,
+    graded_before,
     result_current,
 )
 from .submission import Submission, discover
@@ -208,7 +210,8 @@ def _timer(device: str) -> str:
 
 def _graded_solutions(opts: EvalOptions, gpu: str) -> dict[str, str | None]:
     """run_id -> solution hash of every run already graded on this GPU by a grader whose results this one
-    reproduces (`settings.result_current`; read once per batch, for --resume)."""
+    reproduces (`settings.result_current`; read once per batch, for --resume), less the failures this
+    grader would label `not_reproducible` for the CUTLASS it stood in with (`_relabelled_now`)."""
     results, runs = table_path(opts.out, gpu, "results"), table_path(opts.out, gpu, "runs")
     if not (results.exists() and runs.exists()):
         return {}
@@ -216,9 +219,19 @@ def _graded_solutions(opts: EvalOptions, gpu: str) -> dict[str, str | None]:
     graded = {}
     for row in read_table(results, "results").to_pylist():
         run = run_rows.get(row["run_id"], {})
-        if result_current(row["grader_version"], row["message"], run.get("problem")):
+        if (result_current(row["grader_version"], row["message"], run.get("problem"))
+                and not _relabelled_now(row, opts.submissions / row["run_id"])):
             graded[row["run_id"]] = run.get("solution_sha256")
     return graded
+
+
+def _relabelled_now(row: dict[str, Any], folder: Path) -> bool:
+    """Whether a failure graded before CUTLASS_STAND_IN_SINCE is one that grader labels `not_reproducible`
+    (its build stood the grader's CUTLASS in for a vendored one the published files lack): gpt-5.6-sol 07
+    150450's 0.5.9 `wrong`. Read from its message and published files; the error text is not kept."""
+    return (row["status"] in ("wrong", "build_error", "runtime_error") and folder.is_dir()
+            and graded_before(row["grader_version"], CUTLASS_STAND_IN_SINCE)
+            and cutlass_stood_in(row["status"], row["message"] or "", folder, find_cutlass()) is not None)
 
 
 def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem: Problem | None,

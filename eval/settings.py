@@ -184,6 +184,17 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", text.split("+")[0].split(".dev")[0])[:3])
 
 
+#: The first grader to label a failure built against its own CUTLASS, in place of an unpublished vendored one,
+#: `not_reproducible` (eval/reproducible.py `cutlass_stood_in`): an earlier failure that rule relabels is not
+#: current, and `--resume` grades it again (schedule._graded_solutions).
+CUTLASS_STAND_IN_SINCE = "0.5.10"
+
+
+def graded_before(grader_version: str, since: str) -> bool:
+    """Whether a grader of `grader_version` predates version `since`."""
+    return _version(grader_version) < _version(since)
+
+
 def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
     """Whether a grader of `grader_version` timed by a method older than the one `variant`'s baselines
     are measured by now (BASELINE_METHOD_SINCE): its rows and today's baselines do not compare."""
@@ -240,8 +251,9 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: 0.5.10 labels a failure `not_reproducible` where its build added a vendored CUTLASS folder beside the
 #: solution that the published files lack (the grader's own CUTLASS stood in) and the evidence ties the
 #: failure to CUTLASS: an error line naming it, or, for a `wrong` output, the kernel's files calling their
-#: CUTLASS changed (eval/reproducible.py `_cutlass_stood_in`; gpt-5.6-sol 07 150450, "customized"). Judge
-#: side only: no check or figure changes, and one committed verdict (that run's 0.5.9 `wrong`) would move.
+#: CUTLASS changed (eval/reproducible.py `cutlass_stood_in`; gpt-5.6-sol 07 150450, "customized"). Judge
+#: side only: no check or figure changes; one committed verdict moves (that run's 0.5.9 `wrong`, which
+#: `--resume` grades again: CUTLASS_STAND_IN_SINCE).
 #: Its grading runs in the scratch copy its prebuild built in, keeping only builds there (schedule.graded_copy):
 #: a build beside solution.py (`build_directory=` a folder of its own) is no longer done again on the GPU's time
 #: (deepseek-v4-flash-0731 07 021705: 343 s, cut off; grok-4.5 07 040836: a 73 s first call), and the log's

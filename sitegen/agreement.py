@@ -116,8 +116,8 @@ EVIDENCE: dict[str, str] = {
         "whose zero-point mode computes scale * q + zero (cutlass/detail/collective/mixed_input_utils.hpp), "
         "every prefill output is off by the zero-point term (shape 1: 1320 where the reference has 1.13), while "
         "its M = 1 path, which uses no CUTLASS mainloop, passes shape 0. Grader 0.5.10 labels such a failure "
-        "not_reproducible (eval/reproducible.py `_cutlass_stood_in`); this row is 0.5.9's and counts against "
-        "us until it is graded again"),
+        "not_reproducible (eval/reproducible.py `cutlass_stood_in`) and `--resume` grades this 0.5.9 row "
+        "again; until then it counts against us"),
     "20260707_044245_longcat-claude_LongCat-2.0_07_w4a16_gemm": (
         "other GPU: theirs graded it on an RTX PRO 6000 (sm_120); on an H100 (sm_90, Triton 3.6.0) its "
         "autotuner's first call faults with an illegal memory access. bench/autotune_configs.py --shape 0 ran "

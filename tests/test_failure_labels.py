@@ -364,3 +364,23 @@ def test_unscored_cells_are_never_a_zero_and_never_ranked() -> None:
     assert (score, passes, counted) == (0.5, 1, 2)  # the pass and the build error count; the others do not
     assert cells[1].label == "needs sm_100a" and cells[1].unscored and not cells[3].unscored
     assert board.score([_cell("needs_other_arch"), _cell("not_reproducible"), _cell("dnf")]) == (None, 0, 0)
+
+
+def test_resume_grades_again_a_failure_the_stand_in_rule_now_relabels(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The committed H100 SXM rows: gpt-5.6-sol 07 150450's 0.5.9 `wrong` is not current under 0.5.10 (its
+    run goes back to the GPU); claude-fable-5 07 200159's `wrong`, the same folder missing, stays."""
+    import shutil
+
+    from kernelboard.eval import schedule
+
+    out = tmp_path / "out"
+    shutil.copytree(PUBLISHED.parents[1] / "results" / "h100-sxm", out / "h100-sxm",
+                    ignore=shutil.ignore_patterns("logs"))
+    opts = schedule.EvalOptions(deck=Path("eval/decks/hard"), submissions=PUBLISHED, out=out)
+    monkeypatch.setattr(schedule, "find_cutlass", lambda: None)  # no CUTLASS: none stood in, nothing moves
+    before = schedule._graded_solutions(opts, "h100-sxm")
+    monkeypatch.setattr(schedule, "find_cutlass", lambda: STOCK)
+    graded = schedule._graded_solutions(opts, "h100-sxm")
+    assert set(before) - set(graded) == {"20260721_150450_codex_gpt-5.6-sol_07_w4a16_gemm"}
+    assert "20260703_200159_claude_claude-fable-5_07_w4a16_gemm" in graded
