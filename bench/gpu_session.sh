@@ -95,6 +95,9 @@ if [ -n "${IDS:-}" ]; then
   new_logs '*.log' | xargs -r grep -h "zygote" | sort | uniq -c | head -5
   # what each grading still built on the GPU's time (the prebuild's aim: nothing), then the prebuilds' Triton lines
   new_logs '*.log' | xargs -r grep -H "built while grading" | sed 's|.*/||'
+  # builds kept from the prebuild's copy (a build beside solution.py), and failures relabelled after the fact
+  new_logs '*.log' | grep -v '\.prebuild\.log$' | xargs -r grep -H "graded in the copy its prebuild\|relabelled" \
+    | sed 's|.*/||' | cut -c1-300
   new_logs '*.prebuild.log' | xargs -r grep -H "Triton kernel variants compiled" | sed 's|.*/||'
   # runs a batch was cut off in (graded last by the next: eval/interrupted.py)
   for f in $WORK/res/*/interrupted.json; do [ -f "$f" ] && echo "== interrupted runs ($f):" && cat "$f"; done
