@@ -114,8 +114,9 @@ EVIDENCE: dict[str, str] = {
         "(solution.py:50), a vendored CUTLASS the published files lack, whose \"customized CUTLASS register "
         "transform … evaluates (q + (-zero))*scale\" (solution.py:195–196); built against stock CUTLASS 4.2.0, "
         "whose zero-point mode computes scale * q + zero (cutlass/detail/collective/mixed_input_utils.hpp), "
-        "every prefill output is off by the zero-point term (shape 1: 1320 where the reference has 1.13), while "
-        "its M = 1 path, which uses no CUTLASS mainloop, passes shape 0. Grader 0.5.10 labels such a failure "
+        "its CUTLASS prefill path misses by the zero-point term (shape 1, the first prefill shape: 393,039 of "
+        "393,216 elements out of tolerance, 1320 where the reference has 1.13), while its M = 1 path, which "
+        "uses no CUTLASS mainloop, passes shape 0. Grader 0.5.10 labels such a failure "
         "not_reproducible (eval/reproducible.py `cutlass_stood_in`) and `--resume` grades this 0.5.9 row "
         "again; until then it counts against us"),
     "20260707_044245_longcat-claude_LongCat-2.0_07_w4a16_gemm": (
