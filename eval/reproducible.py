@@ -481,21 +481,21 @@ def _beside(node: ast.AST, own: dict[str, list[str]]) -> list[str] | None:
             return [p for p in n.value.split("/") if p not in ("", ".")]
         return None
 
+    def under(base: ast.AST, rest: list[ast.expr]) -> list[str] | None:  # base / "a" / "b", every piece read
+        parts = [_beside(base, own), *map(const_parts, rest)]
+        return None if any(p is None for p in parts) else [q for p in parts for q in p or []]
+
     if isinstance(node, ast.Name):
         return list(own[node.id]) if node.id in own else None
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.Add)):
-        left, right = _beside(node.left, own), const_parts(node.right)
-        return None if left is None or right is None else left + right
+        return under(node.left, [node.right])
     if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.FormattedValue):
-        base = _beside(node.values[0].value, own)
-        rest = [const_parts(v) for v in node.values[1:]]
-        return None if base is None or any(r is None for r in rest) else base + [p for r in rest for p in r or []]
+        return under(node.values[0].value, node.values[1:])
     if isinstance(node, ast.Call):
         func = node.func
         name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
         if name == "join" and node.args:
-            base, rest = _beside(node.args[0], own), [const_parts(a) for a in node.args[1:]]
-            return None if base is None or any(r is None for r in rest) else base + [p for r in rest for p in r or []]
+            return under(node.args[0], node.args[1:])
         if name in ("str", "fspath", "Path", "abspath", "realpath", "normpath") and len(node.args) == 1:
             return _beside(node.args[0], own)
         if name in ("resolve", "absolute") and isinstance(func, ast.Attribute):
@@ -580,8 +580,7 @@ def cutlass_stood_in(status: str, text: str, folder: Path, cutlass: Cutlass | No
     CUTLASS only for large M): a build or run failure must name CUTLASS in its error text, and a `wrong`
     output needs the kernel's files to call their CUTLASS changed (gpt-5.6-sol's 07 of 2026-07-21:
     "customized CUTLASS register transform")."""
-    vendored = vendored_cutlass_missing(folder) if cutlass is not None else None
-    if vendored is None or cutlass is None:
+    if cutlass is None or (vendored := vendored_cutlass_missing(folder)) is None:
         return None
     named = _CUTLASS_ERROR.search(text) is not None
     if vendored.changed or (status in ("build_error", "runtime_error") and named):
@@ -597,22 +596,19 @@ def classify(status: str, message: str, error_text: str, folder: Path, capabilit
     vendored one the published files lack; anything else is kept. `folder`: the submission as published
     (never the scratch copy its code ran in, `ran_in`, whose paths appear in error texts); `capability`:
     the GPU's."""
-    if status == "wrong":  # built and ran: only a stand-in for files it lacks can excuse its output
-        stood_in = cutlass_stood_in(status, message, folder, cutlass)
-        return None if stood_in is None else (NOT_REPRODUCIBLE, _cut(f"not reproducible from the published "
-                                                                      f"files: {stood_in} — {message}"))
-    if status not in ("build_error", "runtime_error"):
+    if status not in ("build_error", "runtime_error", "wrong"):
         return None
     text = f"{message}\n{error_text}"
-    arch = needs_other_arch(text, folder, capability, status)
-    if arch is not None:
-        return NEEDS_OTHER_ARCH, _cut(f"{arch} — {message}")
-    found = _missing(text, folder, ran_in, cutlass)
-    if found is not None:
-        new_status, why = found
-        prefix = "not reproducible from the published files: " if new_status == NOT_REPRODUCIBLE else ""
-        return new_status, _cut(f"{prefix}{why} — {message}")
+    if status != "wrong":  # built and ran: only a stand-in for files it lacks can excuse a wrong output
+        arch = needs_other_arch(text, folder, capability, status)
+        if arch is not None:
+            return NEEDS_OTHER_ARCH, _cut(f"{arch} — {message}")
+        found = _missing(text, folder, ran_in, cutlass)
+        if found is not None:
+            new_status, why = found
+            prefix = "not reproducible from the published files: " if new_status == NOT_REPRODUCIBLE else ""
+            return new_status, _cut(f"{prefix}{why} — {message}")
     stood_in = cutlass_stood_in(status, text, folder, cutlass)
-    if stood_in is not None:
-        return NOT_REPRODUCIBLE, _cut(f"not reproducible from the published files: {stood_in} — {message}")
-    return None
+    if stood_in is None:
+        return None
+    return NOT_REPRODUCIBLE, _cut(f"not reproducible from the published files: {stood_in} — {message}")

@@ -39,7 +39,7 @@ from rich.table import Table
 
 from kernelboard.errors import SubmissionError, UsageError
 
-from .cutlass_headers import find_cutlass
+from .cutlass_headers import Cutlass, find_cutlass
 from .deck import Problem, load_deck
 from .hardware import GPUS, GpuSpec, gpu_key
 from .interrupted import (
@@ -217,21 +217,22 @@ def _graded_solutions(opts: EvalOptions, gpu: str) -> dict[str, str | None]:
         return {}
     run_rows = {r["run_id"]: r for r in read_table(runs, "runs").to_pylist()}
     graded = {}
+    cutlass = find_cutlass()
     for row in read_table(results, "results").to_pylist():
         run = run_rows.get(row["run_id"], {})
         if (result_current(row["grader_version"], row["message"], run.get("problem"))
-                and not _relabelled_now(row, opts.submissions / row["run_id"])):
+                and not _relabelled_now(row, opts.submissions / row["run_id"], cutlass)):
             graded[row["run_id"]] = run.get("solution_sha256")
     return graded
 
 
-def _relabelled_now(row: dict[str, Any], folder: Path) -> bool:
+def _relabelled_now(row: dict[str, Any], folder: Path, cutlass: Cutlass | None) -> bool:
     """Whether a failure graded before CUTLASS_STAND_IN_SINCE is one that grader labels `not_reproducible`
     (its build stood the grader's CUTLASS in for a vendored one the published files lack): gpt-5.6-sol 07
     150450's 0.5.9 `wrong`. Read from its message and published files; the error text is not kept."""
     return (row["status"] in ("wrong", "build_error", "runtime_error") and folder.is_dir()
             and graded_before(row["grader_version"], CUTLASS_STAND_IN_SINCE)
-            and cutlass_stood_in(row["status"], row["message"] or "", folder, find_cutlass()) is not None)
+            and cutlass_stood_in(row["status"], row["message"] or "", folder, cutlass) is not None)
 
 
 def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem: Problem | None,
@@ -307,6 +308,10 @@ def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem:
     return row
 
 
+#: What a scratch copy of a submission leaves out: its metadata and Python's bytecode caches.
+NOT_COPIED = ("run.yaml", "__pycache__")
+
+
 def graded_copy(sub: Submission, scratch: Path, built_in: Path | None) -> tuple[Path, str]:
     """The scratch copy a grading runs in, and what of its prebuild's it keeps ("" for nothing). Without a
     prebuild: a fresh copy of the published files. With one: the prebuild's own copy, at the path its
@@ -319,7 +324,7 @@ def graded_copy(sub: Submission, scratch: Path, built_in: Path | None) -> tuple[
     its path, so that nothing is ever written through a link the candidate made."""
     fresh = scratch / sub.run_id
     if built_in is None or not built_in.is_dir():
-        shutil.copytree(sub.folder, fresh, ignore=shutil.ignore_patterns("run.yaml", "__pycache__"))
+        shutil.copytree(sub.folder, fresh, ignore=shutil.ignore_patterns(*NOT_COPIED))
         return fresh, ""
     builds: set[Path] = set()
     entries: list[Path] = []
@@ -342,7 +347,7 @@ def graded_copy(sub: Submission, scratch: Path, built_in: Path | None) -> tuple[
             path.unlink()
     for source in sorted(sub.folder.rglob("*")):
         rel = source.relative_to(sub.folder)
-        if rel.as_posix() == "run.yaml" or "__pycache__" in rel.parts or not source.is_file():
+        if any(part in NOT_COPIED for part in rel.parts) or not source.is_file():
             continue
         target = built_in / rel
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -391,7 +396,7 @@ def prebuild_copy(sub: Submission, problem_dir: Path, scratch: Path, logs: Path,
     compile caches (`Submission.cache_key`), logged to `logs/<run_id>.prebuild.log`; `gpu` is the
     grading GPU's identity, for the prebuild's `torch.cuda.get_device_properties`."""
     folder = scratch / f"{sub.run_id}.prebuild"
-    shutil.copytree(sub.folder, folder, ignore=shutil.ignore_patterns("run.yaml", "__pycache__"))
+    shutil.copytree(sub.folder, folder, ignore=shutil.ignore_patterns(*NOT_COPIED))
     return start_prebuild(problem_dir, folder, logs / f"{sub.run_id}.prebuild.log", sub.cache_key(), arch, cell,
                           warm_call_s, extensions, gpu)
 

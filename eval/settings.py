@@ -198,7 +198,7 @@ def graded_before(grader_version: str, since: str) -> bool:
 def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
     """Whether a grader of `grader_version` timed by a method older than the one `variant`'s baselines
     are measured by now (BASELINE_METHOD_SINCE): its rows and today's baselines do not compare."""
-    return _version(grader_version) < _version(BASELINE_METHOD_SINCE[variant.split(":", 1)[0]])
+    return graded_before(grader_version, BASELINE_METHOD_SINCE[variant.split(":", 1)[0]])
 
 
 #: The oldest grader whose results this one reproduces: the same checks (so the same verdicts) and the
@@ -282,7 +282,7 @@ SUPERSEDED_VERDICTS: tuple[tuple[str, re.Pattern[str], frozenset[str] | None], .
 def verdict_superseded(graded_by: str, message: str | None, problem: str | None = None) -> bool:
     """Whether a verdict of grader `graded_by` with this message, on `problem`, fell to a later rule
     (SUPERSEDED_VERDICTS)."""
-    return any(_version(graded_by) < _version(since) and pattern.search(message or "")
+    return any(graded_before(graded_by, since) and pattern.search(message or "")
                and (problems is None or problem in problems)
                for since, pattern, problems in SUPERSEDED_VERDICTS)
 
