@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One call on a GPU machine without a package registry (how the H200 rows in data/results were graded):
-# set up .venv-eval as `make eval` makes it, bubblewrap and CUTLASS from CARRY (default .carry: Debian's
-# bubblewrap_*.deb, and whl/nvidia_cutlass-*.whl), then optionally
+# set up .venv-eval as `make eval` makes it, bubblewrap and CUTLASS from CARRY (default .carry, made here by
+# bench/carry.sh: Debian's bubblewrap_*.deb, whl/nvidia_cutlass-*.whl, queue_NN.txt), then optionally
 #   CASES=a,b   the GPU mechanism cases (CASES=, for all of them)
-#   IDS=file    grade these run ids (one per line) into a results folder seeded from SEED
-#               (SEED: a .tgz of a results folder, or a folder; default data/results);
+#   IDS=file    grade these run ids or run_id globs (one a line; .carry/queue_03.txt: 03's runs) into a
+#               results folder seeded from SEED (SEED: a .tgz of a results folder, or a folder; default
+#               data/results);
 #               IDS=all grades every run of the deck not graded yet (--resume decides)
 #   DECK=mega   the Mega deck (default hard)
 #   EXCLUDE=g,h run_id globs left out (eval --exclude): a kernel that outlasts a call, say
@@ -34,6 +35,8 @@ exec > >(tee "$OUT/session.log") 2>&1
 echo "== $(date -u +%FT%TZ) $(hostname)"  # the grader version is on the setup line: the copy's .git may not be the checkout's
 nvidia-smi --query-gpu=name,driver_version,memory.used,temperature.gpu,clocks.sm --format=csv,noheader
 
+ls "$CARRY"/bubblewrap_*.deb "$CARRY"/whl/*.whl >/dev/null \
+  || { echo "nothing to unpack in $CARRY: run bench/carry.sh where a registry answers, and carry $CARRY"; exit 1; }
 dpkg -x "$CARRY"/bubblewrap_*.deb /tmp/bw && export PATH=/tmp/bw/usr/bin:$PATH
 bwrap --version || exit 1
 make -s .venv-eval/bin/python PYTHON=python3 >/dev/null || exit 1
