@@ -72,6 +72,7 @@ from .settings import (
 )
 from .submission import Submission, discover
 from .tables import finish_pending, read_table, table_path, upsert, upsert_together
+from .todo import Todo, plan_todo
 
 _console = Console(stderr=True, soft_wrap=True)  # lines a program may read never break mid-word
 
@@ -414,14 +415,21 @@ def jail_for(opts: EvalOptions) -> Jail:
 
 
 def select_submissions(opts: EvalOptions, deck_problems: set[str] | None = None) -> list[Submission]:
-    """The submissions `--only` selects (all without it) less those `--exclude` names, sorted by run_id. A
-    folder that cannot be
-    read, or (given the deck's problem names) names a problem the deck lacks, is skipped with one
-    line on stderr; when every selected folder is refused that is one error listing them, and when
-    none is selected a usage error."""
+    """The submissions `--only` selects (all without it) less those `--exclude` names, in the order of the
+    `--only` globs (the runs an earlier one matches first: a queue from `eval todo`), each glob's runs by
+    run_id. A folder that cannot be read, or (given the deck's problem names) names a problem the deck
+    lacks, is skipped with one line on stderr; when every selected folder is refused that is one error
+    listing them, and when none is selected a usage error."""
+    def first_match(name: str) -> int | None:
+        """The index of the first `--only` glob `name` matches (0 without any), None if left out."""
+        if any(fnmatch.fnmatch(name, g) for g in opts.exclude):
+            return None
+        if not opts.only:
+            return 0
+        return next((i for i, g in enumerate(opts.only) if fnmatch.fnmatch(name, g)), None)
+
     def chosen(name: str) -> bool:
-        return ((not opts.only or any(fnmatch.fnmatch(name, g) for g in opts.only))
-                and not any(fnmatch.fnmatch(name, g) for g in opts.exclude))
+        return first_match(name) is not None
 
     found, refused = discover(opts.submissions)
     refused = [line for line in refused if chosen(_entry_name(opts.submissions, line))]
@@ -442,7 +450,15 @@ def select_submissions(opts: EvalOptions, deck_problems: set[str] | None = None)
     if not subs:
         left_out = f" less {list(opts.exclude)}" if opts.exclude else ""
         raise UsageError(f"no submissions under {opts.submissions} match {list(opts.only) or 'anything'}{left_out}")
-    return subs
+    return sorted(subs, key=lambda sub: (first_match(sub.run_id), sub.run_id))
+
+
+def todo(opts: EvalOptions, gpu: str) -> Todo:
+    """What `--resume` would still grade on `gpu` of the runs `opts` selects, in the order that ranks the
+    most models soonest (`eval.todo`), read from `opts.out` with no GPU."""
+    results = table_path(opts.out, gpu, "results")
+    shown = read_table(results, "results").column("run_id").to_pylist() if results.exists() else []
+    return plan_todo(gpu, select_submissions(opts, set(load_deck(opts.deck))), _graded_solutions(opts, gpu), shown)
 
 
 def _entry_name(folder: Path, line: str) -> str:

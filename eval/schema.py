@@ -24,6 +24,13 @@ CPU_KEY = "cpu"
 #: How `measured_by` ends on rows an importer read from another grader ("KernelBench-Hard (imported)").
 IMPORTED_SUFFIX = "(imported)"
 
+#: The model name of kernels written by the kernelboard maintainers (reference points, not AI models).
+HOUSE_MODEL = "kernelboard-house"
+
+#: The harness of every run made by the maintainers rather than an agent: the house kernel and
+#: calibration rows (the reference submitted as a solution, a deliberately wrong kernel).
+HOUSE_HARNESS = "house"
+
 #: How an agent attempt ended, before any grading. Only `completed` runs can have a solution.
 AGENT_OUTCOMES = (
     "completed",

@@ -66,7 +66,8 @@ def _os_errors_are_one_line(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
               help="cpu grades the problems' small CPU shapes and labels every timing as CPU.")
 @click.option("--only", "only", multiple=True, metavar="GLOB",
-              help="Grade only runs whose run_id matches this glob (repeatable).")
+              help="Grade only runs whose run_id matches this glob (repeatable: the runs an earlier glob "
+                   "matches are graded first, as in a queue from `eval todo`).")
 @click.option("--exclude", "exclude", multiple=True, metavar="GLOB",
               help="Leave out runs whose run_id matches this glob (repeatable; after --only): a kernel "
                    "whose first call autotunes past a GPU call's deadline, say.")
@@ -170,6 +171,46 @@ def eval_merge(sources: tuple[Path, ...], into: Path, skip: tuple[str, ...]) -> 
         if report["shapes"]["removed"]:
             counts += f"; {report['shapes']['removed']} shape rows removed (their run's result has none)"
         click.echo(f"{src} -> {into}: {counts}")
+
+
+@eval.command("todo")
+@click.option("--deck", type=_EXISTING_DIR, default=Path("eval/decks/hard"), show_default=True,
+              help="Problem deck: one folder per problem with problem.yaml and reference.py.")
+@_existing_submissions
+@click.option("--out", type=_EXISTING_DIR, default=Path("data/results"), show_default=True,
+              help="The results folder whose GPU boards to read (OUT/<gpu>/).")
+@click.option("--gpu", "gpus", multiple=True, required=True, metavar="KEY",
+              help="The board, by its results folder's name: h200, h100-sxm … (repeatable).")
+@click.option("--only", "only", multiple=True, metavar="GLOB", help="Only runs whose run_id matches (repeatable).")
+@click.option("--exclude", "exclude", multiple=True, metavar="GLOB", help="Leave these runs out (repeatable).")
+@click.option("--queue", "queue", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+              help="Write the runs left, one run_id a line in grading order, to FILE (with one --gpu; a "
+                   "'{gpu}' in FILE is each board's key): bench/gpu_session.sh's IDS=FILE.")
+@_os_errors_are_one_line
+def eval_todo(deck: Path, submissions: Path, out: Path, gpus: tuple[str, ...], only: tuple[str, ...],
+              exclude: tuple[str, ...], queue: Path | None) -> None:
+    """Say what is left to grade on each --gpu board, with no GPU: each problem's runs graded there (as
+    `--resume` counts them), and the runs left in the order that ranks the most models soonest."""
+    from kernelboard.eval.schedule import EvalOptions, todo
+
+    if queue is not None and len(gpus) > 1 and "{gpu}" not in str(queue):
+        raise click.UsageError("--queue with several --gpu needs '{gpu}' in its name (one file a board)")
+    for gpu in gpus:
+        plan = todo(EvalOptions(deck=deck, submissions=submissions, out=out, only=only, exclude=exclude), gpu)
+        click.echo(f"{gpu}: {len(plan.queue)} runs left of {sum(p.total for p in plan.progress)}")
+        for p in plan.progress:
+            state = "on the board" if p.on_board else "not started"
+            click.echo(f"  {p.problem}: {p.graded} of {p.total} graded, {p.total - p.graded} left ({state})")
+        ranked = plan.ranked_after()
+        if ranked:
+            click.echo(f"  the first {plan.blocking} are AI models' runs on the board's problems with no result there "
+                       "that --resume counts; each model's rank is held back at most until this many are graded: "
+                       + ", ".join(f"{model} {n}" for model, n in ranked.items()))
+        if queue is not None:
+            path = Path(str(queue).replace("{gpu}", gpu))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(f"{sub.run_id}\n" for sub in plan.queue))
+            click.echo(f"  queue → {path}")
 
 
 @eval.command("compile-ahead")

@@ -97,7 +97,8 @@ ORDERING_RULE = (
     "kernel and calibration rows, harness 'house') are reference points: shown, never ranked, and never the best. "
     "On a board kernelboard measured, a model whose published runs on the board's problems are not all graded "
     "on this GPU yet is listed, unranked and unscored (regrade in progress), until they are: a problem not "
-    "graded yet is not a failure, and such a row never sets the best."
+    "graded yet is not a failure, and such a row never sets the best. A published run whose agent left no "
+    "kernel has nothing to regrade and holds no rank back."
 )
 
 #: The tooltip of a row whose regrade is in progress.
@@ -405,14 +406,17 @@ def build_boards(data: SiteData) -> tuple[Board, ...]:
 def regrades(data: SiteData, gpu: str, bench: str, problems: Iterable[str]) -> dict[str, Regrade]:
     """model -> its `Regrade`, for each AI model (not house) with a published run of `bench` on one of
     `problems` that has no result on `gpu`: its regrade is in progress. A published run is one another
-    grader's results were imported for (its kernel is what kernelboard regrades); runs kernelboard
-    itself graded on some GPUs and not others are a choice of where to grade, not a regrade."""
+    grader's results were imported for, with its kernel (what kernelboard regrades): a run whose agent
+    left no kernel (timed out, stopped early, no solution or none recoverable: 8 of KernelBench-Hard's) has
+    nothing to regrade on any GPU, so it never holds a rank back. Runs kernelboard itself graded on some
+    GPUs and not others are a choice of where to grade, not a regrade."""
     names = set(problems)
     graded_here = {r.run_id for r in data.results if r.gpu == gpu}
     imported = {r.run_id for r in data.results if r.is_imported}
     published: dict[str, list[bool]] = defaultdict(list)
     for run in data.runs.values():
-        if run.bench == bench and run.problem in names and not run.is_house and run.run_id in imported:
+        if (run.bench == bench and run.problem in names and not run.is_house and run.run_id in imported
+                and run.solution_sha256 is not None):
             published[run.model].append(run.run_id in graded_here)
     return {model: Regrade(sum(flags), len(flags)) for model, flags in published.items() if not all(flags)}
 

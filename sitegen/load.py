@@ -26,7 +26,16 @@ from typing import Any, TypeVar
 from kernelboard.errors import DataError, DeckError
 from kernelboard.eval.deck import Problem, load_problem
 from kernelboard.eval.roofline import geomean
-from kernelboard.eval.schema import CPU_KEY, IMPORTED_SUFFIX, PRECISIONS, TABLES, peak_column, record_mismatches
+from kernelboard.eval.schema import (
+    CPU_KEY,
+    HOUSE_HARNESS,
+    HOUSE_MODEL,
+    IMPORTED_SUFFIX,
+    PRECISIONS,
+    TABLES,
+    peak_column,
+    record_mismatches,
+)
 from kernelboard.eval.settings import timed_before_method, verdict_superseded
 from kernelboard.eval.submission import RUN_ID_PATTERN
 from kernelboard.eval.tables import load_all
@@ -38,13 +47,6 @@ from .ingest.annotations import Annotation, load_annotations
 #: back to back, a timed call from a flushed L2), gpt-5.5's 03 kernel at 1.5 and 2.1 on the shapes where
 #: its 0.053 ms dispatch outlasts its GPU work.
 HOST_BOUND_RATIO = 1.25
-
-#: The model name of kernels written by the kernelboard maintainers (reference points, not AI models).
-HOUSE_MODEL = "kernelboard-house"
-
-#: The harness of every run made by the maintainers rather than an agent: the house kernel and
-#: calibration rows (the reference submitted as a solution, a deliberately wrong kernel).
-HOUSE_HARNESS = "house"
 
 #: A sidecar file larger than this is listed on its run page but not shown (a generated header, a blob).
 SIDECAR_MAX_BYTES = 256 * 1024

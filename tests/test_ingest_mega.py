@@ -116,6 +116,26 @@ def test_kernels_are_split_and_carry_their_provenance(imported) -> None:
     assert any(B200 in w and "no kernel" in w for w in report.warnings)
 
 
+def test_a_kernel_without_a_row_takes_the_model_its_run_id_writes(tmp_path: Path) -> None:
+    """The source's harness writes 'kinetic-0715[1m]' into run ids as 'kinetic-0715_1m_': a published kernel
+    with no CSV row and no audit is that model's, as its other runs are (not a model 'kinetic-0715_1m' of its
+    own, which split one model's Mega runs across two board rows)."""
+    src = make_checkout(tmp_path / "src")
+    with_row = f"20260716_150057_kinetic-claude_kinetic-0715_1m__{P}"
+    without = f"20260716_150026_kinetic-claude_kinetic-0715_1m__{P}"
+    csv = src / "public/data/mega/results.csv"
+    csv.write_text(csv.read_text() + f"H100,kinetic-claude,kinetic-0715[1m],{P},false,,,10800,,,,,triton,3,fail,"
+                                      f"false,true,{with_row}\r\n")
+    for run_id in (with_row, without):
+        (src / f"public/data/mega/code/{run_id}.solution.py.txt").write_text("import torch\n")
+    data = tmp_path / "data"
+    import_mega(src, data_dir=data, decks_dir=DECKS, revision=COMMIT)
+    metas = {r: load_submission(data / "submissions" / "mega" / r).meta for r in (with_row, without)}
+    assert {m["model"] for m in metas.values()} == {"kinetic-0715-1m"}
+    assert {m["model_display"] for m in metas.values()} == {"kinetic-0715[1m]"}
+    assert load_submission(data / "submissions" / "mega" / ONLY_KERNEL).meta["model"] == "claude-fable-5"  # its audit
+
+
 def test_nothing_is_dropped_silently(imported) -> None:
     _, report = imported
     skipped = "\n".join(report.skipped)

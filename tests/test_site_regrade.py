@@ -87,11 +87,13 @@ def _superseded_ids(gpu: str) -> frozenset[str]:
 
 def _counts(model: str, gpu: str, bench: str, problems: set[str]) -> tuple[int, int]:
     """(graded on `gpu`, published) runs of a model on a board's problems, read straight off the parquet
-    tables of every GPU folder (not through sitegen); a superseded pass is not graded."""
+    tables of every GPU folder (not through sitegen); a superseded pass is not graded, and a run whose agent
+    left no kernel (no solution hash) is not published for regrading."""
     runs = _all_runs()
     graded = set(pq.read_table(DATA / "results" / gpu / "results.parquet").column("run_id").to_pylist())
     graded -= _superseded_ids(gpu)
-    mine = [i for i, r in runs.items() if (r["model"], r["bench"]) == (model, bench) and r["problem"] in problems]
+    mine = [i for i, r in runs.items() if (r["model"], r["bench"]) == (model, bench) and r["problem"] in problems
+            and r["solution_sha256"] is not None]
     return sum(1 for i in mine if i in graded), len(mine)
 
 
@@ -118,6 +120,29 @@ def test_the_committed_h200_board_lists_grok_unranked_with_its_counts(committed:
     kinds = ["ranked" if r.rank is not None else "regrade" if r.regrade else "house" if r.is_house else "unscored"
              for r in board.rows]
     assert kinds == sorted(kinds, key=["ranked", "regrade", "unscored", "house"].index)  # in-progress after ranked
+
+
+def test_a_published_run_whose_agent_left_no_kernel_holds_no_rank_back(committed: SiteData) -> None:
+    """gpt-5.5's 07 run 20260620_111851 wrote no solution (KernelBench-Hard: "the agent wrote no solution"):
+    there is no kernel to regrade, on this GPU or any. Once every gpt-5.5 run with a kernel on the H100
+    SXM board's problems has a result there (here its graded 03 row copied onto the others), gpt-5.5 is
+    ranked; counting its kernel-less run kept it a regrade in progress for good."""
+    from dataclasses import replace
+
+    kernel_less = "20260620_111851_codex_gpt-5.5_07_w4a16_gemm"
+    assert _all_runs()[kernel_less]["solution_sha256"] is None
+    assert kernel_less not in {r.run_id for r in committed.results if r.gpu == "h100-sxm"}
+    board = next(b for b in build_boards(committed) if (b.gpu, b.bench) == ("h100-sxm", "hard"))
+    problems = {p.name for p in board.problems}
+    theirs = [i for i, r in _all_runs().items() if (r["model"], r["bench"]) == ("gpt-5.5", "hard")
+              and r["problem"] in problems and r["solution_sha256"] is not None]
+    graded = [r for r in committed.results if r.gpu == "h100-sxm" and r.run_id in theirs]
+    assert graded and len(graded) < len(theirs)  # its regrade is in progress on the committed data
+    filled = tuple(replace(graded[0], run_id=i) for i in theirs if i not in {r.run_id for r in graded})
+    data = replace(committed, results=(*committed.results, *filled))
+    board = next(b for b in build_boards(data) if (b.gpu, b.bench) == ("h100-sxm", "hard"))
+    gpt = _rows(board)["gpt-5.5"]
+    assert gpt.regrade is None and gpt.score is not None and gpt.rank is not None
 
 
 def test_committed_imported_boards_are_unchanged(committed: SiteData) -> None:

@@ -27,6 +27,7 @@ import datetime as dt
 import io
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -221,7 +222,8 @@ def import_mega(root: Path, *, data_dir: Path, decks_dir: Path | None = None, re
         report.passes += result["status"] == "pass"
         report.per_gpu[row.gpu] = report.per_gpu.get(row.gpu, 0) + 1
     for run_id in sorted(set(code) - imported):
-        _kernel_only(run_id, code, data_dir, decks_dir, problems, prov, root, report, imported)
+        _kernel_only(run_id, code, data_dir, decks_dir, problems, prov, root, report, imported,
+                     {row.model for row in rows})
     for gpu, per in sorted(tables.items()):
         write_rows(data_dir / "results", gpu, per, GPUS.get(gpu))
     report.annotations = _annotations(root / ANNOTATIONS_DIR, data_dir / "annotations", prov, imported, report)
@@ -271,10 +273,18 @@ def _submission(run_id: str, code: dict[str, Path], report: MegaReport, meta: di
     return files, {k: v for k, v in meta.items() if v is not None}
 
 
+def _run_id_form(model: str) -> str:
+    """How the source's harness writes a model name into a run id: every character but letters, digits, '.'
+    and '-' as '_' ('kinetic-0715[1m]' -> 'kinetic-0715_1m_', 'anthropic/claude-fable-5' -> 'anthropic_claude-…')."""
+    return re.sub(r"[^A-Za-z0-9.-]", "_", model)
+
+
 def _kernel_only(run_id: str, code: dict[str, Path], data_dir: Path, decks_dir: Path | None,
                  problems: dict[str, Problem | None], prov: Provenance, root: Path, report: MegaReport,
-                 imported: set[str]) -> None:
-    """A published kernel without a CSV row: its submission folder (run.yaml from its id and audit)."""
+                 imported: set[str], models: set[str]) -> None:
+    """A published kernel without a CSV row: its submission folder (run.yaml from its id and audit). Its model
+    is its audit's, else the CSV's model whose run-id form its id names (so kinetic-0715_1m_'s kernel is
+    kinetic-0715[1m]'s, the model of its other runs), else the name as its id writes it."""
     path = code[run_id]
     audit = _read_yaml(root / ANNOTATIONS_DIR / f"{run_id}.yaml")
     parts = split_run_id(run_id, str(audit.get("model") or "") or None)
@@ -285,7 +295,8 @@ def _kernel_only(run_id: str, code: dict[str, Path], data_dir: Path, decks_dir: 
         report.skipped.append(f"{path}: {run_id}: problem {parts.problem!r} has no deck folder (the source removed "
                               "it from its board too); not imported")
         return
-    model = str(audit.get("model") or parts.model)
+    model = str(audit.get("model") or next((m for m in sorted(models) if _run_id_form(m) == parts.model),
+                                            parts.model))
     gpu = {"RTX_PRO_6000": "rtx-pro-6000", **CSV_GPUS}.get(str(audit.get("gpu") or ""))
     files, meta = _submission(run_id, code, report, {
         "problem": parts.problem, "model": model_slug(model), "model_display": model, "lab": lab_of(model),

@@ -1,0 +1,99 @@
+"""What is left to grade on one GPU's board, and the order that ranks the most models soonest.
+
+A board kernelboard measured ranks a model only once every published run of it on the board's problems
+(those with a result on that GPU) has a result there (sitegen/board.py's regrade rule), and a problem
+enters the board with its first result. So the queue takes, first, the runs of the problems already on
+the board that have no result there or one an earlier grader wrote (`--resume` grades it again; the site may
+hold it back), model by model, the model with the fewest such runs first (each is ranked as soon as its
+last one is graded); then those problems' house runs and runs whose agent left no kernel; then the problems not started yet, one whole
+problem at a time, the one with the fewest runs first, model by model within it: starting a problem
+holds back the rank of every model with a run on it until its runs there are graded, so problems are not
+started side by side. Runs are counted, not seconds: a call grades what it can of the queue in this
+order, and the next goes on from there (`--resume`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .schema import HOUSE_HARNESS, HOUSE_MODEL
+from .submission import Submission
+
+
+@dataclass(frozen=True)
+class ProblemProgress:
+    """One problem's runs on one GPU: how many are graded there (by a grader whose results the current
+    one reproduces, with the same solution), of how many, and whether it is on that GPU's board."""
+
+    problem: str
+    graded: int
+    total: int
+    on_board: bool  # a run of it has a result on that GPU (the site shows the problem on its board)
+
+
+@dataclass(frozen=True)
+class Todo:
+    """The runs left to grade on `gpu`, in grading order (`queue`), and each problem's progress."""
+
+    gpu: str
+    progress: tuple[ProblemProgress, ...]
+    queue: tuple[Submission, ...]
+    blocking: int  # the first runs of `queue`: an AI model's on a problem of the board, with no current result
+
+    def ranked_after(self) -> dict[str, int]:
+        """model -> how many runs of the queue are graded when its rank is held back no more (by the runs
+        of the board's problems; a problem started later holds it back again), in queue order. At most:
+        a run with an earlier grader's row the site shows holds no rank back, but is graded among them."""
+        last: dict[str, int] = {}
+        for i, sub in enumerate(self.queue[:self.blocking]):
+            last[_model(sub)] = i + 1
+        return last
+
+
+def _model(sub: Submission) -> str:
+    return str(sub.meta.get("model") or sub.run_id)
+
+
+def _is_house(sub: Submission) -> bool:
+    """A maintainers' run (the house kernel, a calibration row): shown on a board, never ranked."""
+    return sub.meta.get("harness") == HOUSE_HARNESS or sub.meta.get("model") == HOUSE_MODEL
+
+
+def _by_model(runs: Iterable[Submission]) -> list[Submission]:
+    """`runs` grouped by model, the model with the fewest runs first (then by name), each model's runs
+    in run_id order: the order in which models complete soonest, one run at a time."""
+    groups: dict[str, list[Submission]] = defaultdict(list)
+    for sub in runs:
+        groups[_model(sub)].append(sub)
+    order = sorted(groups, key=lambda m: (len(groups[m]), m))
+    return [sub for m in order for sub in sorted(groups[m], key=lambda s: s.run_id)]
+
+
+def plan_todo(gpu: str, subs: Iterable[Submission], graded: dict[str, str | None], shown: Iterable[str]) -> Todo:
+    """The `Todo` of `subs` on `gpu`, where `graded` maps each run graded there to its solution's hash
+    (`schedule._graded_solutions`): a run counts as graded only with the same solution, as `--resume` skips.
+    `shown` are the runs with any result on `gpu`: a problem is on the board (the site shows it) with one,
+    even where an earlier grader's row is to be graded again."""
+    subs = list(subs)
+    done = {s.run_id for s in subs if s.run_id in graded and graded[s.run_id] == s.solution_sha256()}
+    shown = set(shown) | done
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for sub in subs:
+        totals[sub.problem][1] += 1
+        totals[sub.problem][0] += sub.run_id in done
+    started = {s.problem for s in subs if s.run_id in shown}
+    progress = tuple(ProblemProgress(p, g, t, p in started) for p, (g, t) in sorted(totals.items()))
+    left = [s for s in subs if s.run_id not in done]
+    holds_back = [s for s in left if s.problem in started and not _is_house(s)
+                  and s.has_solution]  # a run whose agent left no kernel has nothing to regrade
+    queue = _by_model(holds_back)  # each holds an AI model's rank back, or has an earlier grader's row
+    queue += _by_model(s for s in left if s.problem in started and s not in holds_back)  # house, no kernel
+    fresh: dict[str, list[Submission]] = defaultdict(list)
+    for sub in left:
+        if sub.problem not in started:
+            fresh[sub.problem].append(sub)
+    for problem in sorted(fresh, key=lambda p: (len(fresh[p]), p)):
+        queue += _by_model(fresh[problem])
+    return Todo(gpu, progress, tuple(queue), len(holds_back))
