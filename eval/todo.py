@@ -1,15 +1,15 @@
 """What is left to grade on one GPU's board, and the order that ranks the most models soonest.
 
-A board kernelboard measured ranks a model only once every published run of it on the board's problems
-(those with a result on that GPU) has a result there (sitegen/board.py's regrade rule), and a problem
-enters the board with its first result. So the queue takes, first, the runs of the problems already on
-the board that have no result there or one an earlier grader wrote (`--resume` grades it again; the site may
-hold it back), model by model, the model with the fewest such runs first (each is ranked as soon as its
-last one is graded); then those problems' house runs and runs whose agent left no kernel; then the problems not started yet, one whole
-problem at a time, the one with the fewest runs first, model by model within it: starting a problem
-holds back the rank of every model with a run on it until its runs there are graded, so problems are not
-started side by side. Runs are counted, not seconds: a call grades what it can of the queue in this
-order, and the next goes on from there (`--resume`).
+A board kernelboard measured ranks a model only once every published run of it (with a kernel) on the
+board's problems (those with a result on that GPU) has a result there (sitegen/board.py's regrade rule),
+and a problem enters the board with its first result. So the queue takes, first, the AI models' runs of
+the problems already on the board that have no result there, or one an earlier grader wrote (`--resume`
+grades it again; the site may hold it back), model by model, the model with the fewest such runs first
+(each is ranked as soon as its last one is graded); then those problems' house runs and runs whose agent
+left no kernel; then the problems not started yet, one whole problem at a time, the one with the fewest
+runs first, model by model within it: starting a problem holds back the rank of every model with a run
+on it until its runs there are graded, so problems are not started side by side. Runs are counted, not
+seconds: a call grades what it can of the queue in this order, and the next goes on from there.
 """
 
 from __future__ import annotations
