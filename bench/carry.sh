@@ -3,8 +3,9 @@
 # registry. Debian bookworm's bubblewrap .deb (the sandbox; `dpkg -x`, never installed), and in whl/ the
 # nvidia-cutlass wheel (CUTLASS headers for kernels that include them) and fla-core (FLA's chunk_kda, 02's
 # library line). Each file is pinned by name and SHA-256, so every call grades with what the committed rows
-# name. Also one queue file per Hard problem, queue_NN.txt, holding one run_id glob (`IDS=.carry/queue_03.txt`):
-# `--resume` leaves out what that GPU's board already holds, so one file serves any GPU model.
+# name. Also each deck's queue for the H200 and H100 SXM boards, queue-<deck>-<gpu>.txt (`kernelboard eval
+# todo`: the runs left, in the order that ranks AI models soonest); gpu_session.sh's IDS=.carry/queue-hard-{gpu}.txt
+# takes the one of the GPU it finds, and `--resume` skips what an earlier call graded.
 # Run where PyPI and deb.debian.org answer (a developer machine): it downloads, installs nothing and says
 # what it fetches. Name CARRY in the device call's carry list (.gitignore keeps it out of git); 7.6 MB.
 set -euo pipefail
@@ -35,9 +36,15 @@ while read -r sum file; do
   fi
   echo "$sum  $file" | sha256sum --quiet -c || { echo "carry.sh: $CARRY/$file is not the pinned file" >&2; exit 1; }
 done <<< "$PINS"
-for problem in "$ROOT"/eval/decks/hard/*/; do
-  name=$(basename "$problem")
-  echo "*_${name}*" > "queue_${name%%_*}.txt"
-done
-echo "carry.sh: $CARRY holds $DEB, whl/ ($(ls whl | tr '\n' ' ')) and $(ls queue_*.txt | wc -l) queue files" \
-  "($(du -sh . | cut -f1))"
+rm -f queue_*.txt  # (run_id globs per problem, as this script wrote them before queues)
+KERNELBOARD=${KERNELBOARD:-$ROOT/.venv/bin/kernelboard}
+if [ -x "$KERNELBOARD" ]; then  # what each board has left, in the order that ranks AI models soonest
+  for deck in hard mega; do
+    (cd "$ROOT" && "$KERNELBOARD" eval todo --deck "eval/decks/$deck" --submissions "data/submissions/$deck" \
+      --gpu h200 --gpu h100-sxm --queue "$CARRY/queue-$deck-{gpu}.txt" | grep -v "^  ")
+  done
+else
+  echo "carry.sh: no $KERNELBOARD (make .venv/.dev, or name one with KERNELBOARD=): no queue files written"
+fi
+echo "carry.sh: $CARRY holds $DEB, whl/ ($(ls whl | tr '\n' ' ')) and $(ls queue-*.txt 2>/dev/null | wc -l)" \
+  "queue files ($(du -sh . | cut -f1)): IDS=.carry/queue-hard-{gpu}.txt bench/gpu_session.sh"

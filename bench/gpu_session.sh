@@ -3,9 +3,9 @@
 # set up .venv-eval as `make eval` makes it, bubblewrap and CUTLASS from CARRY (default .carry, made here by
 # bench/carry.sh: Debian's bubblewrap_*.deb, whl/nvidia_cutlass-*.whl, queue_NN.txt), then optionally
 #   CASES=a,b   the GPU mechanism cases (CASES=, for all of them)
-#   IDS=file    grade these run ids or run_id globs (one a line; .carry/queue_03.txt: 03's runs) into a
-#               results folder seeded from SEED (SEED: a .tgz of a results folder, or a folder; default
-#               data/results);
+#   IDS=file    grade these run ids or run_id globs (one a line, in that order; '{gpu}' in the name is this
+#               GPU's board key: IDS=.carry/queue-hard-{gpu}.txt, from bench/carry.sh) into a results folder
+#               seeded from SEED (SEED: a .tgz of a results folder, or a folder; default data/results);
 #               IDS=all grades every run of the deck not graded yet (--resume decides)
 #   DECK=mega   the Mega deck (default hard)
 #   EXCLUDE=g,h run_id globs left out (eval --exclude): a kernel that outlasts a call, say
@@ -82,6 +82,10 @@ if [ -n "${IDS:-}" ]; then
   mkdir -p $WORK/res
   if [ -f "$SEED" ]; then tar -C $WORK -xzf "$SEED"; else cp -r "$SEED"/. $WORK/res/; fi
   sleep 1; touch $WORK/.started  # logs newer than this are this call's (the seed's copies are older)
+  GPU_KEY=$(.venv-eval/bin/python -c "import sys; from kernelboard.eval.hardware import gpu_key; print(gpu_key(sys.argv[1]))" \
+    "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)")
+  IDS=${IDS//\{gpu\}/$GPU_KEY}  # the queue of this GPU's board
+  [ "$IDS" = all ] || [ -f "$IDS" ] || { echo "no $IDS: bench/carry.sh writes each board's queue"; exit 1; }
   only=(); [ "$IDS" = all ] || while read -r id; do [ -n "$id" ] && only+=(--only "$id"); done < "$IDS"
   IFS=, read -r -a globs <<< "${EXCLUDE:-}"; for g in "${globs[@]}"; do [ -n "$g" ] && only+=(--exclude "$g"); done
   DECK=${DECK:-hard}

@@ -29,7 +29,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Container, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -456,9 +456,30 @@ def select_submissions(opts: EvalOptions, deck_problems: set[str] | None = None)
 def todo(opts: EvalOptions, gpu: str) -> Todo:
     """What `--resume` would still grade on `gpu` of the runs `opts` selects, in the order that ranks the
     most models soonest (`eval.todo`), read from `opts.out` with no GPU."""
+    deck = load_deck(opts.deck)
     results = table_path(opts.out, gpu, "results")
     shown = read_table(results, "results").column("run_id").to_pylist() if results.exists() else []
-    return plan_todo(gpu, select_submissions(opts, set(load_deck(opts.deck))), _graded_solutions(opts, gpu), shown)
+    return plan_todo(gpu, select_submissions(opts, set(deck)), _graded_solutions(opts, gpu), shown,
+                     _measured_problems(opts, gpu, deck))
+
+
+def _measured_problems(opts: EvalOptions, gpu: str, deck: dict[str, Problem]) -> set[str]:
+    """The deck's problems whose every baseline on `gpu` (each shape's variants) is one the current grader
+    reuses, read from the tables with no GPU: the grading host's device and software taken to be those
+    that measured them, as on the fleet so far (`_cached_baselines` checks them on the host)."""
+    path = table_path(opts.out, gpu, "baselines")
+    rows = read_table(path, "baselines").to_pylist() if path.exists() else []
+    cuda = replace(opts, device="cuda")
+    measured = set()
+    for name, problem in deck.items():
+        cached: dict[int, dict[str, Any]] = {}
+        for row in rows:
+            if ((row["bench"], row["problem"]) == (problem.bench, name) and not _transient(row)
+                    and baseline_reusable(row["variant"], row["grader_version"])):
+                cached.setdefault(row["shape_idx"], {})[row["variant"]] = row
+        if not any(baselines_todo(cuda, problem, cached).values()):
+            measured.add(name)
+    return measured
 
 
 def _entry_name(folder: Path, line: str) -> str:

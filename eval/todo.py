@@ -6,10 +6,12 @@ and a problem enters the board with its first result. So the queue takes, first,
 the problems already on the board that have no result there, or one an earlier grader wrote (`--resume`
 grades it again; the site may hold it back), model by model, the model with the fewest such runs first
 (each is ranked as soon as its last one is graded); then those problems' house runs and runs whose agent
-left no kernel; then the problems not started yet, one whole problem at a time, the one with the fewest
-runs first, model by model within it: starting a problem holds back the rank of every model with a run
-on it until its runs there are graded, so problems are not started side by side. Runs are counted, not
-seconds: a call grades what it can of the queue in this order, and the next goes on from there.
+left no kernel; then the other problems one whole problem at a time, those on the board first (whose
+baselines the grader measures again: a batch measures every problem's it is given before it grades,
+minutes a problem), then those not started, the one with the fewest runs first, model by model within
+it: starting a problem holds back the rank of every model with a run on it until its runs there are
+graded, so problems are not started side by side. Runs are counted, not seconds: a call grades what it
+can of `Todo.now()`, and the next goes on from there.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class ProblemProgress:
     graded: int
     total: int
     on_board: bool  # a run of it has a result on that GPU (the site shows the problem on its board)
+    measured: bool = True  # its baselines on that GPU are ones the current grader reuses
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,17 @@ class Todo:
     progress: tuple[ProblemProgress, ...]
     queue: tuple[Submission, ...]
     blocking: int  # the first runs of `queue`: an AI model's on a problem of the board, with no current result
+    ready: int  # the first runs of `queue`: on a problem of the board whose baselines are measured
+
+    def now(self) -> tuple[Submission, ...]:
+        """What a GPU call should be given: the runs left on the board's problems whose baselines are
+        measured, or, when none are, the runs of the one problem to take next. A batch measures the
+        baselines of every problem it is given before it grades (minutes a problem), so a queue that
+        reached into problems it will not get to would spend a call on them."""
+        if self.ready:
+            return self.queue[:self.ready]
+        first = self.queue[0].problem if self.queue else None
+        return tuple(s for s in self.queue if s.problem == first)
 
     def ranked_after(self) -> dict[str, int]:
         """model -> how many runs of the queue are graded when its rank is held back no more (by the runs
@@ -71,11 +85,14 @@ def _by_model(runs: Iterable[Submission]) -> list[Submission]:
     return [sub for m in order for sub in sorted(groups[m], key=lambda s: s.run_id)]
 
 
-def plan_todo(gpu: str, subs: Iterable[Submission], graded: dict[str, str | None], shown: Iterable[str]) -> Todo:
+def plan_todo(gpu: str, subs: Iterable[Submission], graded: dict[str, str | None], shown: Iterable[str],
+              measured: Iterable[str] | None = None) -> Todo:
     """The `Todo` of `subs` on `gpu`, where `graded` maps each run graded there to its solution's hash
     (`schedule._graded_solutions`): a run counts as graded only with the same solution, as `--resume` skips.
     `shown` are the runs with any result on `gpu`: a problem is on the board (the site shows it) with one,
-    even where an earlier grader's row is to be graded again."""
+    even where an earlier grader's row is to be graded again. `measured` names the problems whose baselines
+    on `gpu` the current grader reuses (None: all): a problem on the board without them is taken like one
+    not started, whole and in turn, since a batch measures them first (minutes a problem)."""
     subs = list(subs)
     done = {s.run_id for s in subs if s.run_id in graded and graded[s.run_id] == s.solution_sha256()}
     shown = set(shown) | done
@@ -83,17 +100,20 @@ def plan_todo(gpu: str, subs: Iterable[Submission], graded: dict[str, str | None
     for sub in subs:
         totals[sub.problem][1] += 1
         totals[sub.problem][0] += sub.run_id in done
-    started = {s.problem for s in subs if s.run_id in shown}
-    progress = tuple(ProblemProgress(p, g, t, p in started) for p, (g, t) in sorted(totals.items()))
+    on_board = {s.problem for s in subs if s.run_id in shown}
+    measured = set(totals) if measured is None else set(measured)
+    progress = tuple(ProblemProgress(p, g, t, p in on_board, p in measured) for p, (g, t) in sorted(totals.items()))
+    started = on_board & measured
     left = [s for s in subs if s.run_id not in done]
     holds_back = [s for s in left if s.problem in started and not _is_house(s)
                   and s.has_solution]  # a run whose agent left no kernel has nothing to regrade
     queue = _by_model(holds_back)  # each holds an AI model's rank back, or has an earlier grader's row
     queue += _by_model(s for s in left if s.problem in started and s not in holds_back)  # house, no kernel
+    ready = len(queue)
     fresh: dict[str, list[Submission]] = defaultdict(list)
     for sub in left:
         if sub.problem not in started:
             fresh[sub.problem].append(sub)
-    for problem in sorted(fresh, key=lambda p: (len(fresh[p]), p)):
+    for problem in sorted(fresh, key=lambda p: (p not in on_board, len(fresh[p]), p)):
         queue += _by_model(fresh[problem])
-    return Todo(gpu, progress, tuple(queue), len(holds_back))
+    return Todo(gpu, progress, tuple(queue), len(holds_back), ready)

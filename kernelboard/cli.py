@@ -184,8 +184,9 @@ def eval_merge(sources: tuple[Path, ...], into: Path, skip: tuple[str, ...]) -> 
 @click.option("--only", "only", multiple=True, metavar="GLOB", help="Only runs whose run_id matches (repeatable).")
 @click.option("--exclude", "exclude", multiple=True, metavar="GLOB", help="Leave these runs out (repeatable).")
 @click.option("--queue", "queue", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
-              help="Write the runs left, one run_id a line in grading order, to FILE (with one --gpu; a "
-                   "'{gpu}' in FILE is each board's key): bench/gpu_session.sh's IDS=FILE.")
+              help="Write what to grade now to FILE, one run_id a line in grading order: the runs left on the "
+                   "board's problems, else the next problem's (a '{gpu}' in FILE is each board's key, for "
+                   "several --gpu): bench/gpu_session.sh's IDS=FILE.")
 @_os_errors_are_one_line
 def eval_todo(deck: Path, submissions: Path, out: Path, gpus: tuple[str, ...], only: tuple[str, ...],
               exclude: tuple[str, ...], queue: Path | None) -> None:
@@ -199,18 +200,22 @@ def eval_todo(deck: Path, submissions: Path, out: Path, gpus: tuple[str, ...], o
         plan = todo(EvalOptions(deck=deck, submissions=submissions, out=out, only=only, exclude=exclude), gpu)
         click.echo(f"{gpu}: {len(plan.queue)} runs left of {sum(p.total for p in plan.progress)}")
         for p in plan.progress:
-            state = "on the board" if p.on_board else "not started"
+            state = ("not started" if not p.on_board else "on the board" if p.measured
+                     else "on the board; its baselines to measure again")
             click.echo(f"  {p.problem}: {p.graded} of {p.total} graded, {p.total - p.graded} left ({state})")
         ranked = plan.ranked_after()
         if ranked:
-            click.echo(f"  the first {plan.blocking} are AI models' runs on the board's problems with no result there "
-                       "that --resume counts; each model's rank is held back at most until this many are graded: "
+            click.echo(f"  the first {plan.blocking} are AI models' runs without a result --resume counts, on the "
+                       "board's problems whose baselines are measured; each model's runs there are all graded "
+                       "once this many are: "
                        + ", ".join(f"{model} {n}" for model, n in ranked.items()))
         if queue is not None:
             path = Path(str(queue).replace("{gpu}", gpu))
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("".join(f"{sub.run_id}\n" for sub in plan.queue))
-            click.echo(f"  queue → {path}")
+            now = plan.now()
+            path.write_text("".join(f"{sub.run_id}\n" for sub in now))
+            problems = ", ".join(dict.fromkeys(sub.problem for sub in now))
+            click.echo(f"  queue → {path}: {len(now)} runs of {problems or 'no problem'}")
 
 
 @eval.command("compile-ahead")

@@ -60,7 +60,7 @@ def test_the_queue_ranks_the_model_with_fewest_runs_left_first_then_starts_one_p
         "p3a",  # then the problem not started with the fewest runs
         "p2a", "p2b", "p2c",  # then the other, alpha (one run) before beta (two)
     ]
-    assert plan.blocking == 5
+    assert plan.blocking == 5 and _ids(plan.now()) == _ids(plan.queue)[:7]  # a call is given the board's problems
     assert plan.ranked_after() == {"alpha": 1, "beta": 3, "gamma": 5}
     assert [(p.problem, p.graded, p.total, p.on_board) for p in plan.progress] == [
         ("P1", 1, 8, True), ("P2", 0, 3, False), ("P3", 0, 1, False)]
@@ -76,10 +76,26 @@ def test_a_row_of_another_solution_or_an_earlier_grader_is_graded_again_with_the
     assert plan.progress[0].graded == 1
 
 
+def test_a_problem_on_the_board_whose_baselines_are_to_be_measured_again_waits_its_turn(
+        subs: dict[str, Submission]) -> None:
+    """P2 has a graded run but no baselines the current grader reuses: it is taken whole after P1 (a batch
+    given it would measure its baselines first), and before P3, which is not on the board."""
+    graded = {"b1": subs["b1"].solution_sha256(), "p2a": subs["p2a"].solution_sha256()}
+    plan = plan_todo("h200", subs.values(), graded, shown=["b1", "p2a"], measured={"P1", "P3"})
+    ids = _ids(plan.queue)
+    assert ids == ["a1", "b2", "b3", "c1", "c2", "n1", "h1", "p2b", "p2c", "p3a"]
+    assert _ids(plan.now()) == ids[:7]
+    assert [(p.problem, p.on_board, p.measured) for p in plan.progress] == [
+        ("P1", True, True), ("P2", True, False), ("P3", False, True)]
+    p1_done = {s.run_id: s.solution_sha256() for s in subs.values() if s.problem == "P1"} | graded
+    assert _ids(plan_todo("h200", subs.values(), p1_done, shown=p1_done, measured={"P1", "P3"}).now()) == ["p2b", "p2c"]
+
+
 def test_nothing_on_the_board_yet_takes_whole_problems_in_turn(subs: dict[str, Submission]) -> None:
     plan = plan_todo("h100-sxm", subs.values(), {}, shown=[])
     assert plan.blocking == 0 and plan.ranked_after() == {}
     assert _ids(plan.queue)[:4] == ["p3a", "p2a", "p2b", "p2c"]
+    assert _ids(plan.now()) == ["p3a"]  # one problem started at a time: its baselines, not every problem's
     assert set(_ids(plan.queue)[4:]) == {"a1", "b1", "b2", "b3", "c1", "c2", "h1", "n1"}
 
 
@@ -124,13 +140,18 @@ def test_on_the_committed_data_the_queues_first_runs_are_those_the_board_holds_r
         assert sum(r.published - r.graded for r in regrades(site, gpu, "hard", problems).values()) == len(pending)
         plan = todo(EvalOptions(deck=REPO / "eval/decks/hard", submissions=REPO / "data/submissions/hard",
                                 out=REPO / "data/results"), gpu)
+        assert {p.problem for p in plan.progress if p.on_board} == problems
+        problems = {p.problem for p in plan.progress if p.on_board and p.measured}  # ready: baselines measured
+        assert problems  # 03, 05 and 07 on both GPUs
+        pending = {i for i in pending if site.runs[i].problem in problems}
         first = set(_ids(plan.queue[:plan.blocking]))
         assert pending <= first
         earlier = [r for r in site.results if r.gpu == gpu and r.run_id in first - pending]
         assert {r.run_id for r in earlier} == first - pending
         assert not any(result_current(r.grader_version, r.message, site.runs[r.run_id].problem) for r in earlier)
         written = (tmp_path / f"queue-{gpu}.txt").read_text().split()
-        assert written == _ids(plan.queue)
+        assert written == _ids(plan.now()) == _ids(plan.queue[:plan.ready])
+        assert {s.problem for s in plan.now()} == problems  # nothing of a problem not on the board
         assert f"{gpu}: {len(plan.queue)} runs left of " in result.output
 
 
