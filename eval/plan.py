@@ -159,6 +159,9 @@ class Check:
     pristine: list[Any]
     ref_out: Output
     stress: StressCase | None
+    #: A stateful step at a router near-tie (stress ROUTER_NEAR_TIE): the routers, in step order, whose
+    #: reference margin is under the deck's `router_margin_ulps` (the judge's `_near_tie_verdict`).
+    tied: tuple[int, ...] = ()
 
     def called_with(self) -> list[Any]:
         """The inputs the call is judged on: `pristine` × the stress case's scale."""
@@ -235,8 +238,9 @@ def make_plan(problem: Problem, reference: types.ModuleType, shapes: tuple[Shape
     return plans
 
 
-#: The case of a step whose router margin is under the deck's `router_margin_ulps`: the element-wise
-#: bound is lifted (a rounding may choose another expert), the cosine rule stays.
+#: The case of a step whose router margin is under the deck's `router_margin_ulps` (a rounding may choose
+#: another expert there): the tolerance of the outputs the judge holds to the cosine rule alone, those past
+#: the first tied router where two or more are tied (judge.py `_near_tie_verdict`).
 ROUTER_NEAR_TIE = StressCase("router near-tie", {},  # (inf, 0): an rtol of inf times a 0 is NaN, failing
                              {d: (math.inf, 0.0) for d in ("bfloat16", "float16", "float32")})
 
@@ -264,10 +268,10 @@ def _plan_steps(problem: Problem, spec: Stateful, reference: types.ModuleType, r
         flat = first if seed == seeds[0] else draw(seed)
         for j in range(spec.check_steps):
             ref_out = step(*clone_flat(flat))
-            margin = min(step.last_margins, default=math.inf)
-            near_tie = spec.router_margin_ulps is not None and margin < spec.router_margin_ulps
+            tied = tuple(r for r, margin in enumerate(step.last_margins)
+                         if spec.router_margin_ulps is not None and margin < spec.router_margin_ulps)
             plan.checks.append(Check(f"seed {seed} step {j}", flat, list(flat), ref_out,
-                                     ROUTER_NEAR_TIE if near_tie else None))
+                                     ROUTER_NEAR_TIE if tied else None, tied))
             flat = list(ref_out)
 
     def draw_clear(seed: int) -> tuple[list[Any], Output]:

@@ -56,7 +56,7 @@ from .job import Job
 from .prebuild import GRADING_GPU_KEYS
 from .reproducible import classify, cutlass_stood_in
 from .sandbox import Prebuild, driver_version, finish_prebuild, gpu_lock, probe_device, run_worker, start_prebuild
-from .schema import CPU_KEY, DNF_OUTCOMES, PRECISIONS, TIME_STATS, peak_column
+from .schema import CPU_KEY, DNF_OUTCOMES, IMPORTED_SUFFIX, PRECISIONS, TIME_STATS, peak_column
 from .scoring import best_compile, result_row, shape_rows
 from .settings import (
     BASELINE_VARIANTS,
@@ -68,7 +68,9 @@ from .settings import (
     PREBUILD_WARM_CALL_S,
     baseline_reusable,
     graded_before,
+    held_back,
     result_current,
+    timed_before_method,
 )
 from .submission import Submission, discover
 from .tables import finish_pending, read_table, table_path, upsert, upsert_together
@@ -221,7 +223,7 @@ def _graded_solutions(opts: EvalOptions, gpu: str) -> dict[str, str | None]:
     cutlass = find_cutlass()
     for row in read_table(results, "results").to_pylist():
         run = run_rows.get(row["run_id"], {})
-        if (result_current(row["grader_version"], row["message"], run.get("problem"))
+        if (result_current(row["grader_version"], row["message"], run.get("problem"), row["status"])
                 and not _relabelled_now(row, opts.submissions / row["run_id"], cutlass)):
             graded[row["run_id"]] = run.get("solution_sha256")
     return graded
@@ -457,10 +459,28 @@ def todo(opts: EvalOptions, gpu: str) -> Todo:
     """What `--resume` would still grade on `gpu` of the runs `opts` selects, in the order that ranks the
     most models soonest (`eval.todo`), read from `opts.out` with no GPU."""
     deck = load_deck(opts.deck)
-    results = table_path(opts.out, gpu, "results")
-    shown = read_table(results, "results").column("run_id").to_pylist() if results.exists() else []
-    return plan_todo(gpu, select_submissions(opts, set(deck)), _graded_solutions(opts, gpu), shown,
-                     _measured_problems(opts, gpu, deck))
+    return plan_todo(gpu, select_submissions(opts, set(deck)), _graded_solutions(opts, gpu),
+                     _shown_on_board(opts.out, gpu), _measured_problems(opts, gpu, deck))
+
+
+def _shown_on_board(out: Path, gpu: str) -> set[str]:
+    """The runs whose result on `gpu` the site shows: every row but those it holds back until they are graded
+    again (`settings.held_back`, as sitegen/load.py `split_superseded` applies it)."""
+    results, runs, baselines = (table_path(out, gpu, name) for name in ("results", "runs", "baselines"))
+    if not (results.exists() and runs.exists()):
+        return set()
+    run_rows = {r["run_id"]: r for r in read_table(runs, "runs").to_pylist()}
+    rebaselined = {(b["bench"], b["problem"]) for b in (read_table(baselines, "baselines").to_pylist()
+                                                         if baselines.exists() else [])
+                   if b["variant"].startswith("compile") and not timed_before_method(b["grader_version"])}
+    shown = set()
+    for row in read_table(results, "results").to_pylist():
+        run = run_rows.get(row["run_id"], {})
+        if row["measured_by"].endswith(IMPORTED_SUFFIX) or not held_back(
+                row["grader_version"], row["status"], row["message"], run.get("problem"),
+                (run.get("bench"), run.get("problem")) in rebaselined):
+            shown.add(row["run_id"])
+    return shown
 
 
 def _measured_problems(opts: EvalOptions, gpu: str, deck: dict[str, Problem]) -> set[str]:

@@ -258,7 +258,20 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: a build beside solution.py (`build_directory=` a folder of its own) is no longer done again on the GPU's time
 #: (deepseek-v4-flash-0731 07 021705: 343 s, cut off; grok-4.5 07 040836: a 73 s first call), and the log's
 #: "built while grading" counts shared objects there too: building only, no check or figure changes.
+#: 0.5.11 holds a checked step at a router near-tie element-wise (judge._near_tie_verdict): to the reference's
+#: output or, with one router tied, to that router's runner-up choice; with several tied, the states of the
+#: layers up to the first tied router's. 0.5.10 and earlier kept the cosine rule alone at such steps (about
+#: half of Mega's checked steps): its Mega passes are graded again by `--resume` (TIGHTENED_PASSES) but stay
+#: shown, measured under their grader's rule; its failures stand (the new rule is stricter).
 RESULTS_COMPARABLE_SINCE = "0.4.4"
+
+#: Passes an earlier grader gave under a looser check than the current one, as (the first grader with the
+#: stricter check, the problems it applies to): `--resume` grades them again, and until then the site shows
+#: them as their grader measured them (unlike SUPERSEDED_VERDICTS, which it holds back: a verdict that rule
+#: changed). 0.5.11: Mega's checked steps at a router near-tie, held element-wise.
+TIGHTENED_PASSES: tuple[tuple[str, frozenset[str]], ...] = (
+    ("0.5.11", frozenset({"02_kimi_linear_decode"})),
+)
 
 
 #: Verdicts an earlier grader gave under a rule a later one changed, as (the first grader without the rule,
@@ -287,11 +300,23 @@ def verdict_superseded(graded_by: str, message: str | None, problem: str | None 
                for since, pattern, problems in SUPERSEDED_VERDICTS)
 
 
-def result_current(graded_by: str, message: str | None = None, problem: str | None = None) -> bool:
-    """Whether a result graded by `graded_by` (on `problem`) is one this grader would give (see
-    RESULTS_COMPARABLE_SINCE and SUPERSEDED_VERDICTS)."""
+def held_back(graded_by: str, status: str, message: str | None, problem: str | None, rebaselined: bool) -> bool:
+    """Whether the site holds a result kernelboard measured back from every board and page until it is graded
+    again (sitegen/load.py `split_superseded` says why): a pass timed by an older method than its problem's
+    compile baselines on its GPU (`rebaselined`: measured by today's method), or a verdict a later rule
+    changed (SUPERSEDED_VERDICTS). Imported results are never held back."""
+    return ((status == "pass" and rebaselined and timed_before_method(graded_by))
+            or verdict_superseded(graded_by, message, problem))
+
+
+def result_current(graded_by: str, message: str | None = None, problem: str | None = None,
+                   status: str | None = None) -> bool:
+    """Whether a result graded by `graded_by` (on `problem`, with `status`) is one this grader would give
+    (see RESULTS_COMPARABLE_SINCE, SUPERSEDED_VERDICTS and TIGHTENED_PASSES)."""
     return (_version(RESULTS_COMPARABLE_SINCE) <= _version(graded_by) <= _version(GRADER_VERSION)
-            and not verdict_superseded(graded_by, message, problem))
+            and not verdict_superseded(graded_by, message, problem)
+            and not (status == "pass" and any(graded_before(graded_by, since) and problem in problems
+                                              for since, problems in TIGHTENED_PASSES)))
 
 
 def baseline_reusable(variant: str, measured_by: str) -> bool:

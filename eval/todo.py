@@ -3,9 +3,10 @@
 A board kernelboard measured ranks a model only once every published run of it (with a kernel) on the
 board's problems (those with a result on that GPU) has a result there (sitegen/board.py's regrade rule),
 and a problem enters the board with its first result. So the queue takes, first, the AI models' runs of
-the problems already on the board that have no result there, or one an earlier grader wrote (`--resume`
-grades it again; the site may hold it back), model by model, the model with the fewest such runs first
-(each is ranked as soon as its last one is graded); then those problems' house runs and runs whose agent
+the problems already on the board that have no result the site shows there (none, or one it holds back
+until graded again), model by model, the model with the fewest such runs first (each is ranked as soon as
+its last one is graded); then those problems' runs whose shown row `--resume` grades again (an earlier
+grader's, or a Mega pass of a looser check: settings.TIGHTENED_PASSES), house runs and runs whose agent
 left no kernel; then the other problems one whole problem at a time, those on the board first (whose
 baselines the grader measures again: a batch measures every problem's it is given before it grades,
 minutes a problem), then those not started, the one with the fewest runs first, model by model within
@@ -43,7 +44,7 @@ class Todo:
     gpu: str
     progress: tuple[ProblemProgress, ...]
     queue: tuple[Submission, ...]
-    blocking: int  # the first runs of `queue`: an AI model's on a problem of the board, with no current result
+    blocking: int  # the first runs of `queue`: an AI model's on a problem of the board, with no result shown
     ready: int  # the first runs of `queue`: on a problem of the board whose baselines are measured
 
     def now(self) -> tuple[Submission, ...]:
@@ -58,8 +59,7 @@ class Todo:
 
     def ranked_after(self) -> dict[str, int]:
         """model -> how many runs of the queue are graded when its rank is held back no more (by the runs
-        of the board's problems; a problem started later holds it back again), in queue order. At most:
-        a run with an earlier grader's row the site shows holds no rank back, but is graded among them."""
+        of the board's problems; a problem started later holds it back again), in queue order."""
         last: dict[str, int] = {}
         for i, sub in enumerate(self.queue[:self.blocking]):
             last[_model(sub)] = i + 1
@@ -89,10 +89,11 @@ def plan_todo(gpu: str, subs: Iterable[Submission], graded: dict[str, str | None
               measured: Iterable[str] | None = None) -> Todo:
     """The `Todo` of `subs` on `gpu`, where `graded` maps each run graded there to its solution's hash
     (`schedule._graded_solutions`): a run counts as graded only with the same solution, as `--resume` skips.
-    `shown` are the runs with any result on `gpu`: a problem is on the board (the site shows it) with one,
-    even where an earlier grader's row is to be graded again. `measured` names the problems whose baselines
-    on `gpu` the current grader reuses (None: all): a problem on the board without them is taken like one
-    not started, whole and in turn, since a batch measures them first (minutes a problem)."""
+    `shown` are the runs whose result on `gpu` the site shows (`settings.held_back` holds the rest back): a
+    problem is on the board with one, even where an earlier grader's row is to be graded again. `measured`
+    names the problems whose baselines on `gpu` the current grader reuses (None: all): a problem on the
+    board without them is taken like one not started, whole and in turn, since a batch measures them first
+    (minutes a problem)."""
     subs = list(subs)
     done = {s.run_id for s in subs if s.run_id in graded and graded[s.run_id] == s.solution_sha256()}
     shown = set(shown) | done
@@ -105,10 +106,10 @@ def plan_todo(gpu: str, subs: Iterable[Submission], graded: dict[str, str | None
     progress = tuple(ProblemProgress(p, g, t, p in on_board, p in measured) for p, (g, t) in sorted(totals.items()))
     started = on_board & measured
     left = [s for s in subs if s.run_id not in done]
-    holds_back = [s for s in left if s.problem in started and not _is_house(s)
+    holds_back = [s for s in left if s.problem in started and s.run_id not in shown and not _is_house(s)
                   and s.has_solution]  # a run whose agent left no kernel has nothing to regrade
-    queue = _by_model(holds_back)  # each holds an AI model's rank back, or has an earlier grader's row
-    queue += _by_model(s for s in left if s.problem in started and s not in holds_back)  # house, no kernel
+    queue = _by_model(holds_back)  # each holds an AI model's rank back
+    queue += _by_model(s for s in left if s.problem in started and s not in holds_back)  # regrades, house, no kernel
     ready = len(queue)
     fresh: dict[str, list[Submission]] = defaultdict(list)
     for sub in left:

@@ -205,9 +205,9 @@ def eval_todo(deck: Path, submissions: Path, out: Path, gpus: tuple[str, ...], o
             click.echo(f"  {p.problem}: {p.graded} of {p.total} graded, {p.total - p.graded} left ({state})")
         ranked = plan.ranked_after()
         if ranked:
-            click.echo(f"  the first {plan.blocking} are AI models' runs without a result --resume counts, on the "
-                       "board's problems whose baselines are measured; each model's runs there are all graded "
-                       "once this many are: "
+            click.echo(f"  the first {plan.blocking} are AI models' runs with no result the site shows, on the "
+                       "board's problems whose baselines are measured; each model's runs there all have one "
+                       "once this many are graded: "
                        + ", ".join(f"{model} {n}" for model, n in ranked.items()))
         if queue is not None:
             path = Path(str(queue).replace("{gpu}", gpu))

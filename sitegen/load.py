@@ -36,7 +36,7 @@ from kernelboard.eval.schema import (
     peak_column,
     record_mismatches,
 )
-from kernelboard.eval.settings import timed_before_method, verdict_superseded
+from kernelboard.eval.settings import held_back, timed_before_method
 from kernelboard.eval.submission import RUN_ID_PATTERN
 from kernelboard.eval.tables import load_all
 
@@ -417,9 +417,8 @@ def split_superseded(runs: dict[str, Run], results: tuple[Result, ...],
     shown, held = [], []
     for r in results:
         run = runs[r.run_id]
-        stale = (r.is_pass and not r.is_imported and (run.bench, run.problem, r.gpu) in rebaselined
-                 and timed_before_method(r.grader_version)) or (
-                     not r.is_imported and verdict_superseded(r.grader_version, r.message, run.problem))
+        stale = not r.is_imported and held_back(r.grader_version, r.status, r.message, run.problem,
+                                                  (run.bench, run.problem, r.gpu) in rebaselined)
         (held if stale else shown).append(r)
     return tuple(shown), tuple(held)
 

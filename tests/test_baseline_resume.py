@@ -136,6 +136,20 @@ def test_a_timed_miss_on_a_router_problem_is_graded_again(monkeypatch: pytest.Mo
     assert settings.result_current(graded_by, message, problem) is current
 
 
+@pytest.mark.parametrize(("graded_by", "problem", "status", "current"), [
+    ("0.5.10", "02_kimi_linear_decode", "pass", False),  # its near-tie steps kept the cosine rule alone
+    ("0.5.10", "02_kimi_linear_decode", "wrong", True),  # a stricter check fails what a looser one failed
+    ("0.5.10", "03_paged_attention", "pass", True),  # no router: the rule changed nothing
+    ("0.5.11", "02_kimi_linear_decode", "pass", True),
+])
+def test_a_mega_pass_of_a_looser_check_is_graded_again_and_still_shown(
+        monkeypatch: pytest.MonkeyPatch, graded_by: str, problem: str, status: str, current: bool) -> None:
+    monkeypatch.setattr(settings, "GRADER_VERSION", "0.5.11")
+    message = "correct on all 96 checks (3 shapes × 4 seeds × 4 consecutive steps, every state tensor)"
+    assert settings.result_current(graded_by, message, problem, status) is current
+    assert not settings.verdict_superseded(graded_by, message, problem)  # the site keeps showing it meanwhile
+
+
 @pytest.mark.parametrize(("status", "message", "retried"), [
     ("error", "OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB.", True),
     ("error", "RuntimeError: Expected trailing dimension of mat1 to be divisible by 16 (K=4127)", False),

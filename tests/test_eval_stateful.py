@@ -157,6 +157,34 @@ TIMED = {
     "off": "(lambda h, st: (h + 0.05, st))(*super().step(hidden, state))",  # no expert choice gives this
 }
 
+#: A step that finds the routers at a near-tie in its input (the reference's margins, on a copy) and, where
+#: exactly one is tied, returns CHANGE (`tied`: those routers). The CPU shapes' seed 1 has one such checked
+#: step at each context (router 1 at step 2 of context 16, router 0 at step 3 of context 40); timed and
+#: floor-batch states are drawn clear of ties, so only checks meet it.
+_TIES = '''
+
+class _Honest(Model):
+    pass
+
+
+class Model(_Honest):  # noqa: F811
+    def step(self, hidden, state):
+        margins = []
+        _Honest.step(self, hidden.clone(), clone_state(state), margins)
+        tied = [r for r, margin in enumerate(margins) if margin < 2]
+        if len(tied) == 1:
+            return CHANGE
+        return super().step(hidden, state)
+'''
+
+TIES = {
+    "tie_runner_up": "_Honest.step(self, hidden, state, flip=tied[0])",  # the tied router's other choice: valid
+    # right but for one hidden element 0.5 off (inside the cosine rule): until 0.5.11 the cosine rule alone
+    # judged such a step, so a kernel could be off wherever a router sits at a near-tie
+    "tie_off": "(lambda h, st: (h + 0.5 * (torch.arange(h.numel()) == 0).to(h.dtype).reshape(h.shape), st))"
+               "(*super().step(hidden, state))",
+}
+
 
 @pytest.fixture(scope="module")
 def graded_tight(tmp_path_factory: pytest.TempPathFactory) -> dict:
@@ -173,6 +201,9 @@ def graded_tight(tmp_path_factory: pytest.TempPathFactory) -> dict:
     for i, (name, change) in enumerate(TIMED.items()):
         ids[name] = _run(i, f"tight_{name}")
         write_submission(root / "subs" / ids[name], PROBLEM, reference + _TIMED.replace("CHANGE", change))
+    for i, (name, change) in enumerate(TIES.items(), start=len(TIMED)):
+        ids[name] = _run(i, f"tight_{name}")
+        write_submission(root / "subs" / ids[name], PROBLEM, reference + _TIES.replace("CHANGE", change))
     rows = run_eval(EvalOptions(deck=deck, submissions=root / "subs", out=root / "out", device="cpu", rep_ms=10.0))
     by_id = {r["run_id"]: r for r in rows}
     return {name: by_id[run_id] for name, run_id in ids.items()} | {"_out": root / "out"}
@@ -188,6 +219,68 @@ def test_a_timed_call_that_takes_a_routers_runner_up_is_that_choice_not_wrong(gr
     accepted = [line for line in log.splitlines() if "returned another expert choice's output, accepted" in line]
     assert accepted and "router 1's runner-up" in accepted[0], log[-3000:]
     assert any("floor batch" in line for line in accepted) and any("timed call" in line for line in accepted)
+
+
+def test_a_checked_step_at_a_near_tie_may_return_the_tied_routers_runner_up_choice(graded_tight: dict) -> None:
+    """Grader 0.5.11: at a checked step with one router tied, the other expert choice is a valid output, held
+    element-wise to the reference's output with that router's runner-up chosen; the log names each such step."""
+    row = graded_tight["tie_runner_up"]
+    assert row["status"] == "pass", row["message"]
+    log = (graded_tight["_out"] / row["log_path"]).read_text()
+    accepted = [line for line in log.splitlines() if "returned the tied router's runner-up choice, accepted" in line]
+    assert any("seed 1 step 2: router 1" in line for line in accepted), log[-3000:]
+    assert any("seed 1 step 3: router 0" in line for line in accepted), log[-3000:]
+    counted = [line for line in log.splitlines() if "steps at a router near-tie:" in line]
+    assert len(counted) == 2 and all("with one router tied" in line for line in counted)
+
+
+def test_a_checked_step_at_a_near_tie_is_held_element_wise(graded_tight: dict) -> None:
+    """The step is off by 0.5 on one hidden element only where a router sits at a near-tie: inside the
+    cosine rule, which alone judged such steps until 0.5.11; now `wrong`, at the first such step."""
+    row = graded_tight["tie_off"]
+    assert row["status"] == "wrong", row["message"]
+    assert "seed 1 step" in row["message"] and "at router" in row["message"]
+    assert "output 0 (hidden)" in row["message"]
+    assert "nor is it, element-wise, the output of router" in row["message"]
+
+
+def test_several_tied_routers_keep_the_earlier_layers_element_wise() -> None:
+    """Two routers tied (0 and 2): the state of layers 0 and up to the first tied router's comes before any
+    router of the step, so it is held element-wise; the hidden output and the later layers keep the cosine
+    rule alone; a NaN or a cosine under the deck's fails anywhere."""
+    from dataclasses import replace
+
+    from kernelboard.eval.judge import _near_tie_verdict, judge_values
+    from kernelboard.eval.link import Received
+    from kernelboard.eval.plan import import_file, install_shapes_module, make_plan
+
+    problem = load_problem(FOLDER)
+    shapes = problem.shapes_for("cpu")
+    install_shapes_module(shapes)
+    reference = import_file("reference", problem.reference_path)
+    plan = make_plan(problem, reference, shapes[:1], list(problem.seeds), (), "cpu")[0]
+    names = plan.layout.names
+    check = replace(next(c for c in plan.checks if c.tied), tied=(1, 2))
+    ref = check.ref_out
+
+    def with_change(name: str, change) -> Received:
+        return Received(tuple(change(t) if n == name else t.clone() for n, t in zip(names, ref, strict=True)),
+                        "cpu", None)
+
+    def nudge(t: torch.Tensor) -> torch.Tensor:  # one element off by 5% of the tensor's norm: cosine ≥ 0.998
+        return t + (torch.arange(t.numel()) == 0).to(t.dtype).reshape(t.shape) * 0.05 * t.float().norm()
+
+    assert _near_tie_verdict(problem, plan, check, with_change("hidden", lambda t: t), [], names)[0].ok
+    for name in ("hidden", "state[2].S", "state[3].c_kv"):  # after router 1: the cosine rule alone
+        nudged = with_change(name, nudge)
+        assert not judge_values(problem, ref, nudged.tensor, [], None, names).ok  # off at a step with no tie
+        verdict, router = _near_tie_verdict(problem, plan, check, nudged, [], names)
+        assert verdict.ok and router is None, (name, verdict.message)
+    for name in ("state[0].S", "state[1].ck"):  # layers 0 and 1 come before router 1: element-wise
+        verdict, _ = _near_tie_verdict(problem, plan, check, with_change(name, nudge), [], names)
+        assert not verdict.ok and f"({name})" in verdict.message, (name, verdict.message)
+    verdict, _ = _near_tie_verdict(problem, plan, check, with_change("state[3].c_kv", lambda t: -t), [], names)
+    assert not verdict.ok and "cosine similarity" in verdict.message
 
 
 def test_a_timed_output_no_expert_choice_gives_is_wrong(graded_tight: dict) -> None:
@@ -283,7 +376,8 @@ def test_the_deck_keys_are_read_and_checked() -> None:
 
 
 def test_a_router_near_tie_lifts_the_elementwise_bound_and_keeps_the_cosine_rule() -> None:
-    """Judged as the judge does (judge_values): any difference passes the lifted bound — a reference
+    """ROUTER_NEAR_TIE's tolerance, which the judge applies to the outputs past the first of several tied
+    routers (judge_values): any difference passes the lifted bound — a reference
     element of 0 included (an rtol of inf made inf · 0 = NaN, which failed the house reference copy on
     the CPU) — while a NaN and a cosine under the deck's still fail."""
     from kernelboard.eval.judge import judge_values

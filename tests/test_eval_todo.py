@@ -66,13 +66,12 @@ def test_the_queue_ranks_the_model_with_fewest_runs_left_first_then_starts_one_p
         ("P1", 1, 8, True), ("P2", 0, 3, False), ("P3", 0, 1, False)]
 
 
-def test_a_row_of_another_solution_or_an_earlier_grader_is_graded_again_with_the_runs_holding_ranks(
-        subs: dict[str, Submission]) -> None:
+def test_a_shown_row_to_be_graded_again_comes_after_the_runs_holding_ranks(subs: dict[str, Submission]) -> None:
     graded = {"b1": "another solution's hash", "b2": subs["b2"].solution_sha256()}
-    # c1 has a row that --resume does not count (an earlier grader's): on the board, and graded again
+    # b1 (another solution) and c1 (an earlier grader's row) are shown on the board: no rank waits on them
     plan = plan_todo("h200", subs.values(), graded, shown=["b1", "b2", "c1"])
-    assert _ids(plan.queue)[:plan.blocking] == ["a1", "b1", "b3", "c1", "c2"]
-    assert _ids(plan.queue)[plan.blocking:plan.blocking + 2] == ["n1", "h1"]
+    assert _ids(plan.queue)[:plan.blocking] == ["a1", "b3", "c2"]
+    assert _ids(plan.queue)[plan.blocking:plan.ready] == ["n1", "b1", "c1", "h1"]
     assert plan.progress[0].graded == 1
 
 
@@ -117,9 +116,9 @@ def test_only_globs_give_the_grading_order(tmp_path: Path) -> None:
 def test_on_the_committed_data_the_queues_first_runs_are_those_the_board_holds_ranks_back_for(
         tmp_path: Path) -> None:
     """The eval side (submission folders, `--resume`'s rule) and the site (results tables, the regrade rule)
-    agree: the runs the queue puts first are the published runs the H100 SXM and H200 boards count as not
-    graded yet, and besides them only runs whose shown row an earlier grader wrote; the CLI writes that
-    queue, one run_id a line."""
+    agree: the runs the queue puts first are exactly the published runs the H100 SXM and H200 boards count
+    as not graded yet (on problems whose baselines are current), and the rows it grades again after them are
+    ones `--resume` does not count; the CLI writes that queue, one run_id a line."""
     from kernelboard.sitegen.board import build_boards, regrades
     from kernelboard.sitegen.load import load_site
 
@@ -144,11 +143,10 @@ def test_on_the_committed_data_the_queues_first_runs_are_those_the_board_holds_r
         problems = {p.problem for p in plan.progress if p.on_board and p.measured}  # ready: baselines measured
         assert problems  # 03, 05 and 07 on both GPUs
         pending = {i for i in pending if site.runs[i].problem in problems}
-        first = set(_ids(plan.queue[:plan.blocking]))
-        assert pending <= first
-        earlier = [r for r in site.results if r.gpu == gpu and r.run_id in first - pending]
-        assert {r.run_id for r in earlier} == first - pending
-        assert not any(result_current(r.grader_version, r.message, site.runs[r.run_id].problem) for r in earlier)
+        assert set(_ids(plan.queue[:plan.blocking])) == pending
+        regraded = [s for s in plan.queue[plan.blocking:plan.ready] if s.run_id in graded_here]
+        assert not any(result_current(r.grader_version, r.message, site.runs[r.run_id].problem, r.status)
+                       for r in site.results if r.gpu == gpu and r.run_id in {s.run_id for s in regraded})
         written = (tmp_path / f"queue-{gpu}.txt").read_text().split()
         assert written == _ids(plan.now()) == _ids(plan.queue[:plan.ready])
         assert {s.problem for s in plan.now()} == problems  # nothing of a problem not on the board
