@@ -269,9 +269,20 @@ RESULTS_COMPARABLE_SINCE = "0.4.4"
 #: stricter check, the problems it applies to): `--resume` grades them again, and until then the site shows
 #: them as their grader measured them (unlike SUPERSEDED_VERDICTS, which it holds back: a verdict that rule
 #: changed). 0.5.11: Mega's checked steps at a router near-tie, held element-wise.
-TIGHTENED_PASSES: tuple[tuple[str, frozenset[str]], ...] = (
-    ("0.5.11", frozenset({"02_kimi_linear_decode"})),
+TIGHTENED_PASSES: tuple[tuple[str, frozenset[str], str], ...] = (
+    ("0.5.11", frozenset({"02_kimi_linear_decode"}),
+     "its checked steps at a router near-tie were held to the cosine rule alone, where the current grader holds "
+     "them element-wise"),
 )
+
+
+def tightened_since(graded_by: str, problem: str | None, status: str | None) -> tuple[str, str] | None:
+    """(the grader, what it checks more strictly) where a pass graded by `graded_by` on `problem` predates a
+    stricter check of the current grader (TIGHTENED_PASSES), else None."""
+    if status != "pass":
+        return None
+    return next(((since, what) for since, problems, what in TIGHTENED_PASSES
+                 if graded_before(graded_by, since) and problem in problems), None)
 
 
 #: Verdicts an earlier grader gave under a rule a later one changed, as (the first grader without the rule,
@@ -315,8 +326,7 @@ def result_current(graded_by: str, message: str | None = None, problem: str | No
     (see RESULTS_COMPARABLE_SINCE, SUPERSEDED_VERDICTS and TIGHTENED_PASSES)."""
     return (_version(RESULTS_COMPARABLE_SINCE) <= _version(graded_by) <= _version(GRADER_VERSION)
             and not verdict_superseded(graded_by, message, problem)
-            and not (status == "pass" and any(graded_before(graded_by, since) and problem in problems
-                                              for since, problems in TIGHTENED_PASSES)))
+            and tightened_since(graded_by, problem, status) is None)
 
 
 def baseline_reusable(variant: str, measured_by: str) -> bool:

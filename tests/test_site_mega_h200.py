@@ -79,3 +79,29 @@ def test_the_problem_page_tables_launches_per_step_for_each_best_run(committed_s
             else:
                 assert cell == "—" or gpu == "h200", (gpu, run_id, cell)
     assert seen >= 2
+
+
+#: The grader that holds Mega's checked steps at a router near-tie element-wise (written out here so that the
+#: test does not read the rule it checks from the code under test).
+NEAR_TIE_ELEMENT_WISE_SINCE = (0, 5, 11)
+
+
+def test_a_mega_pass_of_an_earlier_grader_says_it_is_to_be_graded_again(committed_site: Path) -> None:
+    """Grader 0.5.11 holds Mega's checked steps at a router near-tie element-wise: a Mega pass of an earlier
+    grader says on its run page that it is shown as its grader measured it until the current grader grades
+    it; no other H200 run page (a Hard pass, a Mega failure, a Mega pass of 0.5.11 on) says so."""
+    runs = {r["run_id"]: r for r in pq.read_table(DATA / "results" / "h200" / "runs.parquet").to_pylist()}
+    older = 0
+    for row in pq.read_table(DATA / "results" / "h200" / "results.parquet").to_pylist():
+        page = committed_site / "runs" / "h200" / row["run_id"] / "index.html"
+        if not page.exists():  # held back from every page (superseded)
+            continue
+        version = tuple(int(p) for p in row["grader_version"].split("+")[0].split(".")[:3])
+        due = (runs[row["run_id"]]["bench"] == "mega" and row["status"] == "pass"
+               and version < NEAR_TIE_ELEMENT_WISE_SINCE)
+        note = parse(page).find(".//p[@id='to-regrade']")
+        assert (note is not None) == due, row["run_id"]
+        if due:
+            older += 1
+            assert "cosine rule alone" in text(note) and "since grader 0.5.11" in text(note)
+    assert older >= 1 or not _mega_passes()
