@@ -220,8 +220,8 @@ def _check_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sh
     for j, check in enumerate(plan.checks):
         where = f"shape {plan.shape.idx} ({plan.shape.label}) {check.label}"
         if check.tied:
-            where += f" ({check.stress.name if check.stress else 'near-tie'} at router{'s' * (len(check.tied) > 1)} "
-            where += f"{', '.join(map(str, check.tied))})"
+            where += (f" ({ROUTER_NEAR_TIE.name} at router{'s' * (len(check.tied) > 1)} "
+                      f"{', '.join(map(str, check.tied))})")
         # Scaled here only for a rule that reads them: on 06's headline a stress case's copy is 2.1 GB.
         called_with = check.called_with() if problem.rule_reads_inputs else []
         t0 = time.monotonic()

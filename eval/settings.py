@@ -266,7 +266,8 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 #: Passes an earlier grader gave under a looser check than the current one, as (the first grader with the
-#: stricter check, the problems it applies to): `--resume` grades them again, and until then the site shows
+#: stricter check, the problems it applies to, what it checks more strictly, as a run page says it):
+#: `--resume` grades them again, and until then the site shows
 #: them as their grader measured them (unlike SUPERSEDED_VERDICTS, which it holds back: a verdict that rule
 #: changed). 0.5.11: Mega's checked steps at a router near-tie, held element-wise.
 TIGHTENED_PASSES: tuple[tuple[str, frozenset[str], str], ...] = (
