@@ -319,8 +319,10 @@ def run_parallel(opts: EvalOptions, devices: list[str]) -> None:
     runs = [(s.run_id, s.problem, costs[s.problem] if s.run_id in to_grade else 0.0) for s in subs]
     grading = replace(opts, regrade=False, resume=opts.resume and not opts.regrade)  # baselines reused
     problem_of = {s.run_id: s.problem for s in subs}
+    queued = {s.run_id: i for i, s in enumerate(subs)}  # the selection's order: a queue from `eval todo`
     children = []
-    for device, run_ids in zip(devices, spread_runs(runs, len(devices), frozenset(lacking)), strict=True):
+    for device, spread_ids in zip(devices, spread_runs(runs, len(devices), frozenset(lacking)), strict=True):
+        run_ids = sorted(spread_ids, key=queued.__getitem__)  # each device grades its share in queue order
         if run_ids:
             out = child_folder(opts.out, device)
             per = Counter(problem_of[r] for r in run_ids)
