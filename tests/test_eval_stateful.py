@@ -283,6 +283,48 @@ def test_several_tied_routers_keep_the_earlier_layers_element_wise() -> None:
     assert not verdict.ok and "cosine similarity" in verdict.message
 
 
+def test_a_runner_up_choice_that_meets_a_tie_of_its_own_keeps_the_earlier_layers_element_wise() -> None:
+    """One router tied (1), and the output is neither the reference's nor that router's runner-up choice. If
+    the runner-up choice's own path has a later router at a near-tie (2), the kernel may have flipped that
+    one too: the layers up to router 1's stay element-wise, the rest keep the cosine rule alone. If it has
+    none, the step is `wrong`, naming the runner-up it is not."""
+    from dataclasses import replace
+
+    from kernelboard.eval.judge import _near_tie_verdict
+    from kernelboard.eval.link import Received
+    from kernelboard.eval.plan import import_file, install_shapes_module, make_plan
+
+    problem = load_problem(FOLDER)
+    shapes = problem.shapes_for("cpu")
+    install_shapes_module(shapes)
+    reference = import_file("reference", problem.reference_path)
+    plan = make_plan(problem, reference, shapes[:1], list(problem.seeds), (), "cpu")[0]
+    names = plan.layout.names
+    check = replace(next(c for c in plan.checks if c.tied), tied=(1,))
+
+    class RunnerUp:  # the reference's runner-up choice, with the margins its path meets
+        def __init__(self, margins: list[float]) -> None:
+            self.last_margins, self.margins = [], margins
+
+        def with_runner_up(self, router: int, *flat):
+            self.last_margins = list(self.margins)
+            return tuple(t.clone() for t in check.ref_out)
+
+    def off(name: str) -> Received:
+        return Received(tuple(t + (torch.arange(t.numel()) == 0).to(t.dtype).reshape(t.shape) * 0.05 * t.float().norm()
+                              if n == name else t.clone() for n, t in zip(names, check.ref_out, strict=True)),
+                        "cpu", None)
+
+    plan.reference_step = RunnerUp([40.0, 0.5, 1.0, 40.0])  # router 2 at a near-tie on the runner-up's path
+    assert _near_tie_verdict(problem, plan, check, off("hidden"), [], names)[0].ok
+    assert _near_tie_verdict(problem, plan, check, off("state[2].S"), [], names)[0].ok
+    verdict, _ = _near_tie_verdict(problem, plan, check, off("state[1].S"), [], names)
+    assert not verdict.ok and "(state[1].S)" in verdict.message
+    plan.reference_step = RunnerUp([40.0, 0.5, 30.0, 40.0])  # no tie past router 1 there
+    verdict, router = _near_tie_verdict(problem, plan, check, off("hidden"), [], names)
+    assert not verdict.ok and router is None and "router 1's runner-up choice" in verdict.message
+
+
 def test_a_timed_output_no_expert_choice_gives_is_wrong(graded_tight: dict) -> None:
     row = graded_tight["off"]
     assert row["status"] == "wrong", row["message"]
