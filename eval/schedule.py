@@ -460,7 +460,19 @@ def todo(opts: EvalOptions, gpu: str) -> Todo:
     most models soonest (`eval.todo`), read from `opts.out` with no GPU."""
     deck = load_deck(opts.deck)
     return plan_todo(gpu, select_submissions(opts, set(deck)), _graded_solutions(opts, gpu),
-                     _shown_on_board(opts.out, gpu), _measured_problems(opts, gpu, deck))
+                     _shown_on_board(opts.out, gpu), _measured_problems(opts, gpu, deck), _published(opts.out))
+
+
+def _published(out: Path) -> set[str]:
+    """The runs another grader's results were imported for, on any GPU folder under `out`: the published runs
+    a board waits on (sitegen/board.py `regrades`)."""
+    runs: set[str] = set()
+    for folder in sorted(p for p in out.iterdir() if p.is_dir()) if out.is_dir() else []:
+        path = folder / "results.parquet"
+        if path.is_file():
+            table = read_table(path, "results").select(["run_id", "measured_by"]).to_pylist()
+            runs |= {r["run_id"] for r in table if r["measured_by"].endswith(IMPORTED_SUFFIX)}
+    return runs
 
 
 def _shown_on_board(out: Path, gpu: str) -> set[str]:

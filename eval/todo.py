@@ -6,13 +6,13 @@ and a problem enters the board with its first result. So the queue takes, first,
 the problems already on the board that have no result the site shows there (none, or one it holds back
 until graded again), model by model, the model with the fewest such runs first (each is ranked as soon as
 its last one is graded); then those problems' runs whose shown row `--resume` grades again (an earlier
-grader's, or a Mega pass of a looser check: settings.TIGHTENED_PASSES), house runs and runs whose agent
-left no kernel; then the other problems one whole problem at a time, those on the board first (whose
-baselines the grader measures again: a batch measures every problem's it is given before it grades,
-minutes a problem), then those not started, the one with the fewest runs first, model by model within
-it: starting a problem holds back the rank of every model with a run on it until its runs there are
-graded, so problems are not started side by side. Runs are counted, not seconds: a call grades what it
-can of `Todo.now()`, and the next goes on from there.
+grader's, or a Mega pass of a looser check: settings.TIGHTENED_PASSES), house runs, runs whose agent left
+no kernel and kernels published without results; then the other problems one whole problem at a time,
+those on the board first (whose baselines the grader measures again: a batch measures every problem's it
+is given before it grades, minutes a problem), then those not started, the one with the fewest runs
+first, model by model within it: starting a problem holds back the rank of every model with a run on it
+until its runs there are graded, so problems are not started side by side. Runs are counted, not
+seconds: a call grades what it can of `Todo.now()`, and the next goes on from there.
 """
 
 from __future__ import annotations
@@ -86,14 +86,15 @@ def _by_model(runs: Iterable[Submission]) -> list[Submission]:
 
 
 def plan_todo(gpu: str, subs: Iterable[Submission], graded: dict[str, str | None], shown: Iterable[str],
-              measured: Iterable[str] | None = None) -> Todo:
+              measured: Iterable[str] | None = None, published: Iterable[str] | None = None) -> Todo:
     """The `Todo` of `subs` on `gpu`, where `graded` maps each run graded there to its solution's hash
     (`schedule._graded_solutions`): a run counts as graded only with the same solution, as `--resume` skips.
     `shown` are the runs whose result on `gpu` the site shows (`settings.held_back` holds the rest back): a
     problem is on the board with one, even where an earlier grader's row is to be graded again. `measured`
     names the problems whose baselines on `gpu` the current grader reuses (None: all): a problem on the
     board without them is taken like one not started, whole and in turn, since a batch measures them first
-    (minutes a problem)."""
+    (minutes a problem). `published` names the runs another grader's results were imported for (None: all):
+    the site waits on those alone (a Mega kernel published without a results row holds no rank back)."""
     subs = list(subs)
     done = {s.run_id for s in subs if s.run_id in graded and graded[s.run_id] == s.solution_sha256()}
     shown = set(shown) | done
@@ -106,8 +107,10 @@ def plan_todo(gpu: str, subs: Iterable[Submission], graded: dict[str, str | None
     progress = tuple(ProblemProgress(p, g, t, p in on_board, p in measured) for p, (g, t) in sorted(totals.items()))
     started = on_board & measured
     left = [s for s in subs if s.run_id not in done]
+    published = None if published is None else set(published)
     holds_back = [s for s in left if s.problem in started and s.run_id not in shown and not _is_house(s)
-                  and s.has_solution]  # a run whose agent left no kernel has nothing to regrade
+                  and s.has_solution  # a run whose agent left no kernel has nothing to regrade
+                  and (published is None or s.run_id in published)]
     queue = _by_model(holds_back)  # each holds an AI model's rank back
     queue += _by_model(s for s in left if s.problem in started and s not in holds_back)  # regrades, house, no kernel
     ready = len(queue)

@@ -123,6 +123,11 @@ def test_on_the_committed_data_the_queues_first_runs_are_those_the_board_holds_r
     from kernelboard.sitegen.load import load_site
 
     site = load_site(REPO / "data", REPO / "eval" / "decks")
+    mega = todo(EvalOptions(deck=REPO / "eval/decks/mega", submissions=REPO / "data/submissions/mega",
+                            out=REPO / "data/results"), "h200")
+    board = next(b for b in build_boards(site) if (b.gpu, b.bench) == ("h200", "mega"))
+    waited = regrades(site, "h200", "mega", {p.name for p in board.problems})
+    assert mega.blocking == sum(r.published - r.graded for r in waited.values())  # kernels without a row: not waited on
     result = CliRunner().invoke(main, [
         "eval", "todo", "--deck", str(REPO / "eval/decks/hard"), "--submissions", str(REPO / "data/submissions/hard"),
         "--out", str(REPO / "data/results"), "--gpu", "h100-sxm", "--gpu", "h200",
