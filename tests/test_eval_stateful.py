@@ -244,6 +244,17 @@ def test_a_checked_step_at_a_near_tie_is_held_element_wise(graded_tight: dict) -
     assert "nor is it, element-wise, the output of router" in row["message"]
 
 
+def _cpu_plan() -> tuple:
+    """(the Mega problem, its grading plan at the first CPU shape with the deck's seeds): a near-tie's judging."""
+    from kernelboard.eval.plan import import_file, install_shapes_module, make_plan
+
+    problem = load_problem(FOLDER)
+    shapes = problem.shapes_for("cpu")
+    install_shapes_module(shapes)
+    reference = import_file("reference", problem.reference_path)
+    return problem, make_plan(problem, reference, shapes[:1], list(problem.seeds), (), "cpu")[0]
+
+
 def test_several_tied_routers_keep_the_earlier_layers_element_wise() -> None:
     """Two routers tied (0 and 2): the state of layers 0 and up to the first tied router's comes before any
     router of the step, so it is held element-wise; the hidden output and the later layers keep the cosine
@@ -252,13 +263,8 @@ def test_several_tied_routers_keep_the_earlier_layers_element_wise() -> None:
 
     from kernelboard.eval.judge import _near_tie_verdict, judge_values
     from kernelboard.eval.link import Received
-    from kernelboard.eval.plan import import_file, install_shapes_module, make_plan
 
-    problem = load_problem(FOLDER)
-    shapes = problem.shapes_for("cpu")
-    install_shapes_module(shapes)
-    reference = import_file("reference", problem.reference_path)
-    plan = make_plan(problem, reference, shapes[:1], list(problem.seeds), (), "cpu")[0]
+    problem, plan = _cpu_plan()
     names = plan.layout.names
     check = replace(next(c for c in plan.checks if c.tied), tied=(1, 2))
     ref = check.ref_out
@@ -292,13 +298,8 @@ def test_a_runner_up_choice_that_meets_a_tie_of_its_own_keeps_the_earlier_layers
 
     from kernelboard.eval.judge import _near_tie_verdict
     from kernelboard.eval.link import Received
-    from kernelboard.eval.plan import import_file, install_shapes_module, make_plan
 
-    problem = load_problem(FOLDER)
-    shapes = problem.shapes_for("cpu")
-    install_shapes_module(shapes)
-    reference = import_file("reference", problem.reference_path)
-    plan = make_plan(problem, reference, shapes[:1], list(problem.seeds), (), "cpu")[0]
+    problem, plan = _cpu_plan()
     names = plan.layout.names
     check = replace(next(c for c in plan.checks if c.tied), tied=(1,))
 
