@@ -216,7 +216,7 @@ def _check_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sh
     names = plan.layout.names if plan.layout is not None else None
     spent = dict.fromkeys(("calls", "outputs", "inputs", "judging"), 0.0)  # seconds, for the log's split
     audit_s = 0.0
-    other_choices = []  # (check, router): near-tie steps whose output was a tied router's runner-up choice
+    other_choices = []  # (check label, router): near-tie steps that returned a tied router's runner-up choice
     for j, check in enumerate(plan.checks):
         where = f"shape {plan.shape.idx} ({plan.shape.label}) {check.label}"
         if check.tied:

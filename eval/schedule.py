@@ -29,7 +29,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Container, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ from .job import Job
 from .prebuild import GRADING_GPU_KEYS
 from .reproducible import classify, cutlass_stood_in
 from .sandbox import Prebuild, driver_version, finish_prebuild, gpu_lock, probe_device, run_worker, start_prebuild
-from .schema import CPU_KEY, DNF_OUTCOMES, IMPORTED_SUFFIX, PRECISIONS, TIME_STATS, peak_column
+from .schema import CPU_KEY, DNF_OUTCOMES, PRECISIONS, TIME_STATS, peak_column
 from .scoring import best_compile, result_row, shape_rows
 from .settings import (
     BASELINE_VARIANTS,
@@ -68,13 +68,10 @@ from .settings import (
     PREBUILD_WARM_CALL_S,
     baseline_reusable,
     graded_before,
-    held_back,
     result_current,
-    timed_before_method,
 )
 from .submission import Submission, discover
 from .tables import finish_pending, read_table, table_path, upsert, upsert_together
-from .todo import Todo, plan_todo
 
 _console = Console(stderr=True, soft_wrap=True)  # lines a program may read never break mid-word
 
@@ -114,16 +111,18 @@ def _now() -> dt.datetime:
 # ------------------------------------------------------------------------------ baselines
 
 
-def _cached_baselines(out: Path, gpu: str, problem: Problem, env: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    """Baseline rows of this problem measured with this device and software; {} if none."""
+def _cached_baselines(out: Path, gpu: str, problem: Problem, env: dict[str, Any] | None) -> dict[int, dict[str, Any]]:
+    """Baseline rows of this problem measured with this device and software (any, for `env` None: read with
+    no GPU, the host taken to be the one that measured them); {} if none."""
     path = table_path(out, gpu, "baselines")
     if not path.exists():
         return {}
     found: dict[int, dict[str, Any]] = {}
     for row in read_table(path, "baselines").to_pylist():
         same = (row["problem"] == problem.name and row["bench"] == problem.bench
-                and row["device_name"] == env["device_name"] and row["torch_version"] == env["torch_version"]
-                and row["triton_version"] == env.get("triton_version")
+                and (env is None or (row["device_name"] == env["device_name"]
+                                     and row["torch_version"] == env["torch_version"]
+                                     and row["triton_version"] == env.get("triton_version")))
                 and baseline_reusable(row["variant"], row["grader_version"]))
         if same and not _transient(row):
             found.setdefault(row["shape_idx"], {})[row["variant"]] = row
@@ -453,65 +452,6 @@ def select_submissions(opts: EvalOptions, deck_problems: set[str] | None = None)
         left_out = f" less {list(opts.exclude)}" if opts.exclude else ""
         raise UsageError(f"no submissions under {opts.submissions} match {list(opts.only) or 'anything'}{left_out}")
     return sorted(subs, key=lambda sub: (first_match(sub.run_id), sub.run_id))
-
-
-def todo(opts: EvalOptions, gpu: str) -> Todo:
-    """What `--resume` would still grade on `gpu` of the runs `opts` selects, in the order that ranks the
-    most models soonest (`eval.todo`), read from `opts.out` with no GPU."""
-    deck = load_deck(opts.deck)
-    return plan_todo(gpu, select_submissions(opts, set(deck)), _graded_solutions(opts, gpu),
-                     _shown_on_board(opts.out, gpu), _measured_problems(opts, gpu, deck), _published(opts.out))
-
-
-def _published(out: Path) -> set[str]:
-    """The runs another grader's results were imported for, on any GPU folder under `out`: the published runs
-    a board waits on (sitegen/board.py `regrades`)."""
-    runs: set[str] = set()
-    for folder in sorted(p for p in out.iterdir() if p.is_dir()) if out.is_dir() else []:
-        path = folder / "results.parquet"
-        if path.is_file():
-            table = read_table(path, "results").select(["run_id", "measured_by"]).to_pylist()
-            runs |= {r["run_id"] for r in table if r["measured_by"].endswith(IMPORTED_SUFFIX)}
-    return runs
-
-
-def _shown_on_board(out: Path, gpu: str) -> set[str]:
-    """The runs whose result on `gpu` the site shows: every row but those it holds back until they are graded
-    again (`settings.held_back`, as sitegen/load.py `split_superseded` applies it)."""
-    results, runs, baselines = (table_path(out, gpu, name) for name in ("results", "runs", "baselines"))
-    if not (results.exists() and runs.exists()):
-        return set()
-    run_rows = {r["run_id"]: r for r in read_table(runs, "runs").to_pylist()}
-    rebaselined = {(b["bench"], b["problem"]) for b in (read_table(baselines, "baselines").to_pylist()
-                                                         if baselines.exists() else [])
-                   if b["variant"].startswith("compile") and not timed_before_method(b["grader_version"])}
-    shown = set()
-    for row in read_table(results, "results").to_pylist():
-        run = run_rows.get(row["run_id"], {})
-        if row["measured_by"].endswith(IMPORTED_SUFFIX) or not held_back(
-                row["grader_version"], row["status"], row["message"], run.get("problem"),
-                (run.get("bench"), run.get("problem")) in rebaselined):
-            shown.add(row["run_id"])
-    return shown
-
-
-def _measured_problems(opts: EvalOptions, gpu: str, deck: dict[str, Problem]) -> set[str]:
-    """The deck's problems whose every baseline on `gpu` (each shape's variants) is one the current grader
-    reuses, read from the tables with no GPU: the grading host's device and software taken to be those
-    that measured them, as on the fleet so far (`_cached_baselines` checks them on the host)."""
-    path = table_path(opts.out, gpu, "baselines")
-    rows = read_table(path, "baselines").to_pylist() if path.exists() else []
-    cuda = replace(opts, device="cuda")
-    measured = set()
-    for name, problem in deck.items():
-        cached: dict[int, dict[str, Any]] = {}
-        for row in rows:
-            if ((row["bench"], row["problem"]) == (problem.bench, name) and not _transient(row)
-                    and baseline_reusable(row["variant"], row["grader_version"])):
-                cached.setdefault(row["shape_idx"], {})[row["variant"]] = row
-        if not any(baselines_todo(cuda, problem, cached).values()):
-            measured.add(name)
-    return measured
 
 
 def _entry_name(folder: Path, line: str) -> str:

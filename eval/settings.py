@@ -312,6 +312,12 @@ def verdict_superseded(graded_by: str, message: str | None, problem: str | None 
                for since, pattern, problems in SUPERSEDED_VERDICTS)
 
 
+def rebaselines(variant: str, measured_by: str) -> bool:
+    """Whether a baseline row of `variant` measured by grader `measured_by` re-baselines its problem on its GPU:
+    a torch.compile line timed by today's method (`held_back`'s `rebaselined`)."""
+    return variant.startswith("compile") and not timed_before_method(measured_by)
+
+
 def held_back(graded_by: str, status: str, message: str | None, problem: str | None, rebaselined: bool) -> bool:
     """Whether the site holds a result kernelboard measured back from every board and page until it is graded
     again (sitegen/load.py `split_superseded` says why): a pass timed by an older method than its problem's

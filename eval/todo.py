@@ -19,10 +19,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
-from .schema import HOUSE_HARNESS, HOUSE_MODEL
+from .deck import Problem, load_deck
+from .schedule import EvalOptions, _cached_baselines, _graded_solutions, baselines_todo, select_submissions
+from .schema import HOUSE_HARNESS, HOUSE_MODEL, IMPORTED_SUFFIX
+from .settings import held_back, rebaselines
 from .submission import Submission
+from .tables import read_table, table_path
 
 
 @dataclass(frozen=True)
@@ -121,3 +126,52 @@ def plan_todo(gpu: str, subs: Iterable[Submission], graded: dict[str, str | None
     for problem in sorted(fresh, key=lambda p: (p not in on_board, len(fresh[p]), p)):
         queue += _by_model(fresh[problem])
     return Todo(gpu, progress, tuple(queue), len(holds_back), ready)
+
+
+def todo(opts: EvalOptions, gpu: str) -> Todo:
+    """What `--resume` would still grade on `gpu` of the runs `opts` selects, in the order that ranks the
+    most models soonest, read from `opts.out` with no GPU."""
+    deck = load_deck(opts.deck)
+    return plan_todo(gpu, select_submissions(opts, set(deck)), _graded_solutions(opts, gpu),
+                     _shown_on_board(opts.out, gpu), _measured_problems(opts, gpu, deck), _published(opts.out))
+
+
+def _published(out: Path) -> set[str]:
+    """The runs another grader's results were imported for, on any GPU folder under `out`: the published runs
+    a board waits on (sitegen/board.py `regrades`)."""
+    runs: set[str] = set()
+    for folder in sorted(p for p in out.iterdir() if p.is_dir()) if out.is_dir() else []:
+        path = folder / "results.parquet"
+        if path.is_file():
+            table = read_table(path, "results").select(["run_id", "measured_by"]).to_pylist()
+            runs |= {r["run_id"] for r in table if r["measured_by"].endswith(IMPORTED_SUFFIX)}
+    return runs
+
+
+def _shown_on_board(out: Path, gpu: str) -> set[str]:
+    """The runs whose result on `gpu` the site shows: every row but those it holds back until they are graded
+    again (`settings.held_back`, as sitegen/load.py `split_superseded` applies it)."""
+    results, runs, baselines = (table_path(out, gpu, name) for name in ("results", "runs", "baselines"))
+    if not (results.exists() and runs.exists()):
+        return set()
+    run_rows = {r["run_id"]: r for r in read_table(runs, "runs").to_pylist()}
+    rebaselined = {(b["bench"], b["problem"]) for b in (read_table(baselines, "baselines").to_pylist()
+                                                         if baselines.exists() else [])
+                   if rebaselines(b["variant"], b["grader_version"])}
+    shown = set()
+    for row in read_table(results, "results").to_pylist():
+        run = run_rows.get(row["run_id"], {})
+        if row["measured_by"].endswith(IMPORTED_SUFFIX) or not held_back(
+                row["grader_version"], row["status"], row["message"], run.get("problem"),
+                (run.get("bench"), run.get("problem")) in rebaselined):
+            shown.add(row["run_id"])
+    return shown
+
+
+def _measured_problems(opts: EvalOptions, gpu: str, deck: dict[str, Problem]) -> set[str]:
+    """The deck's problems whose every baseline on `gpu` (each shape's variants) is one the current grader
+    reuses, read from the tables with no GPU: the grading host's device and software taken to be those
+    that measured them, as on the fleet so far (the host checks them: `schedule._cached_baselines`)."""
+    cuda = replace(opts, device="cuda")
+    return {name for name, problem in deck.items()
+            if not any(baselines_todo(cuda, problem, _cached_baselines(opts.out, gpu, problem, None)).values())}

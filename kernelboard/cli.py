@@ -192,7 +192,8 @@ def eval_todo(deck: Path, submissions: Path, out: Path, gpus: tuple[str, ...], o
               exclude: tuple[str, ...], queue: Path | None) -> None:
     """Say what is left to grade on each --gpu board, with no GPU: each problem's runs graded there (as
     `--resume` counts them), and the runs left in the order that ranks the most models soonest."""
-    from kernelboard.eval.schedule import EvalOptions, todo
+    from kernelboard.eval.schedule import EvalOptions
+    from kernelboard.eval.todo import todo
 
     if queue is not None and len(gpus) > 1 and "{gpu}" not in str(queue):
         raise click.UsageError("--queue with several --gpu needs '{gpu}' in its name (one file a board)")

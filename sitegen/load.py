@@ -36,7 +36,7 @@ from kernelboard.eval.schema import (
     peak_column,
     record_mismatches,
 )
-from kernelboard.eval.settings import held_back, timed_before_method
+from kernelboard.eval.settings import held_back, rebaselines
 from kernelboard.eval.submission import RUN_ID_PATTERN
 from kernelboard.eval.tables import load_all
 
@@ -412,8 +412,7 @@ def split_superseded(runs: dict[str, Run], results: tuple[Result, ...],
     whose baselines are all older keeps its rows. A verdict a later rule changed (`settings.SUPERSEDED_VERDICTS`:
     a Mega step refused for state keys of its own, or for a timed call that may be another expert choice) is
     held back the same way, pass or not."""
-    rebaselined = {(b.bench, b.problem, b.gpu) for b in baselines
-                   if b.variant.startswith("compile") and not timed_before_method(b.grader_version)}
+    rebaselined = {(b.bench, b.problem, b.gpu) for b in baselines if rebaselines(b.variant, b.grader_version)}
     shown, held = [], []
     for r in results:
         run = runs[r.run_id]

@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from kernelboard.cli import main
-from kernelboard.eval.schedule import EvalOptions, select_submissions, todo
+from kernelboard.eval.schedule import EvalOptions, select_submissions
 from kernelboard.eval.settings import result_current
 from kernelboard.eval.submission import Submission
-from kernelboard.eval.todo import plan_todo
+from kernelboard.eval.todo import plan_todo, todo
 
 REPO = Path(__file__).resolve().parents[1]
 

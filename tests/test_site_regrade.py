@@ -137,7 +137,7 @@ def test_a_published_run_whose_agent_left_no_kernel_holds_no_rank_back(committed
     theirs = [i for i, r in _all_runs().items() if (r["model"], r["bench"]) == ("gpt-5.5", "hard")
               and r["problem"] in problems and r["solution_sha256"] is not None]
     graded = [r for r in committed.results if r.gpu == "h100-sxm" and r.run_id in theirs]
-    assert graded and len(graded) < len(theirs)  # its regrade is in progress on the committed data
+    assert graded  # one of its rows to copy onto the rest (on 2026-12-05 its regrade was in progress there)
     filled = tuple(replace(graded[0], run_id=i) for i in theirs if i not in {r.run_id for r in graded})
     data = replace(committed, results=(*committed.results, *filled))
     board = next(b for b in build_boards(data) if (b.gpu, b.bench) == ("h100-sxm", "hard"))
