@@ -153,8 +153,12 @@ def test_on_the_committed_data_the_queues_first_runs_are_those_the_board_holds_r
         assert not any(result_current(r.grader_version, r.message, site.runs[r.run_id].problem, r.status)
                        for r in site.results if r.gpu == gpu and r.run_id in {s.run_id for s in regraded})
         written = (tmp_path / f"queue-{gpu}.txt").read_text().split()
-        assert written == _ids(plan.now()) == _ids(plan.queue[:plan.ready])
-        assert {s.problem for s in plan.now()} == problems  # nothing of a problem not on the board
+        assert written == _ids(plan.now())
+        if plan.ready:  # the board's ready problems have runs left: a call gets those and nothing else
+            assert written == _ids(plan.queue[:plan.ready])
+            assert {s.problem for s in plan.now()} <= problems  # nothing of a problem not on the board
+        else:  # else the next problem, whole
+            assert len({s.problem for s in plan.now()}) <= 1
         assert f"{gpu}: {len(plan.queue)} runs left of " in result.output
 
 
