@@ -7,8 +7,9 @@ It drives a runner (runner.py), the one process that imports and runs candidate 
    sets, planned one shape at a time so a problem with GB-sized inputs fits) are computed here,
    in a process that never runs candidate code, and never leave it;
 2. forbidden substrings are looked for in every file of the submission, before any of it runs;
-3. torch's global numeric state, as the runner reports it before the import, is compared with its
-   reports after the import, each call and each timing loop (a tripwire: a runner can lie);
+3. torch's global numeric switches, as the runner reports them before the import, are compared with its
+   reports after the import, each call and each timing loop, and a change is logged and named in the
+   verdict (`Switches`: they reach only the runner's own process);
 4. each call's inputs are shared with the runner (protocol.Arena) and compared here, after the
    call, with the judge's own pristine copies (no in-place writes);
 5. every output is compared here (correctness.compare) with references the runner never sees —
@@ -93,12 +94,37 @@ def log(tag: str, message: str) -> None:
     print(f"[{tag}] {message} (+{time.monotonic() - _clock['started']:.1f} s)", flush=True)
 
 
-def _check_state(before: dict[str, Any], reply: Reply, when: str) -> None:
-    after = reply.state(before)
-    changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
-    if changed:
-        detail = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in sorted(changed.items()))
-        raise Failure("integrity_violation", f"torch global state changed {when}: {detail}")
+class Switches:
+    """Torch's global numeric switches in the runner: as it reported them before the import (`before`), and
+    each change it reported after (`changed`: switch -> (before, now), the latest value kept).
+
+    Noted, never a failure (since grader 0.5.12): the reference, every reference output and the baselines are
+    computed in processes the solution never enters (point 1 above), so a switch it flips (say
+    `allow_bf16_reduced_precision_reduction`, off for fp32 reductions in its own cuBLAS calls) reaches only
+    its own computations, which every check holds to the reference. Graders up to 0.5.11 failed such a
+    kernel `integrity_violation`, a rule from before the judge and runner were two processes."""
+
+    def __init__(self, before: dict[str, Any]) -> None:
+        self.before = before
+        self.changed: dict[str, tuple[Any, Any]] = {}
+
+    def note(self, reply: Reply, when: str) -> None:
+        """Log what the runner reports changed since the last report (once per new value)."""
+        after = reply.state(self.before)
+        new = {k: (self.before[k], after[k]) for k in self.before
+               if after[k] != self.changed.get(k, (None, self.before[k]))[1]}
+        if new:
+            self.changed.update(new)
+            log("worker", f"torch's global switches changed {when}: {_switch_list(new)} (its own process only: "
+                          "the reference, its outputs and the baselines are computed elsewhere)")
+
+    def clause(self) -> str:
+        """The verdict's words for the changes, or '' where there were none."""
+        return f"; it changed torch's global switches ({_switch_list(self.changed)})" if self.changed else ""
+
+
+def _switch_list(changes: dict[str, tuple[Any, Any]]) -> str:
+    return ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in sorted(changes.items()))
 
 
 def _check_inputs(shared: list[torch.Tensor | None], pristine: list[Any], where: str, problem: Problem) -> None:
@@ -206,7 +232,7 @@ def _probe_spec(seed: int, ref: Output) -> list[list[int]]:
 
 
 def _check_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, shared: list[list[Any]],
-                 state: dict[str, Any]) -> float:
+                 switches: Switches) -> float:
     """Every check of one shape; returns the worst normalised error ‖d‖/‖ref‖. Where the problem
     forbids ops, the shape's second call (check 0 again, once its first call has warmed up) runs
     under the op audit and is judged like the rest: a first call that autotunes or compiles under
@@ -231,7 +257,7 @@ def _check_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sh
         if j == 0:  # said at once: a first call that compiles for minutes fails or passes long after
             log("worker", f"shape {plan.shape.idx}: its first call returned in {t1 - t0:.1f} s (the solution's own "
                           f"compiles and autotuning run there, untimed)")
-        _check_state(state, reply, f"during {where}")
+        switches.note(reply, f"during {where}")
         _check_inputs(shared[j], check.pristine, where, problem)
         t2 = time.monotonic()
         got = reply.outputs([check.ref_out], names)[0]
@@ -526,7 +552,7 @@ def _floor(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, device: 
     return floor_ms(floors, PROOF_DISPATCH_MS[device])
 
 
-def _timed(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, state: dict[str, Any],
+def _timed(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, switches: Switches,
            cover: bool) -> tuple[TimeStats, dict[str, float] | None]:
     """The runner's timed loop of one shape, its statistic recomputed here from the raw samples and
     every timed output checked; with `cover`, how the covered loop went (None where the runner
@@ -534,7 +560,7 @@ def _timed(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, state: d
     where = f"shape {plan.shape.idx}"
     reply = link.ask("time", f"{where}: timing{'' if cover else ' (uncovered)'}", shape=k, cover=cover)
     stats = summarize(reply.samples("samples_ms", at_least=2), reply.number("wall_ms"))
-    _check_state(state, reply, f"while timing shape {plan.shape.idx}")
+    switches.note(reply, f"while timing shape {plan.shape.idx}")
     pool = len(plan.timing_refs)
     runner_ups = _runner_ups(problem, plan, plan.timing_inputs, plan.timing_refs)
     _Targets(problem, plan.timing_refs, plan.timing_seeds, runner_ups).check(
@@ -549,12 +575,12 @@ def _loops(loops: float) -> str:
     return "" if loops <= 1 else f"; the least of {loops:.0f} loops: the host bound the first"
 
 
-def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, state: dict[str, Any],
+def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, switches: Switches,
                 device: str) -> tuple[TimeStats, dict[str, Any]]:
     """Time one shape in the runner; statistics, output checks, the judge's floor and (on a GPU)
     the audit rules here. Returns the stats and the extra per-shape fields of the GPU audits."""
     where = f"shape {plan.shape.idx}"
-    stats, cover = _timed(link, problem, plan, k, state, cover=device == "cuda")
+    stats, cover = _timed(link, problem, plan, k, switches, cover=device == "cuda")
     if cover is not None:
         log("worker", f"{where}: covered loop: GPU span {cover['gpu_ms']:.4f} ms, dispatch {cover['dispatch_ms']:.4f} "
                       f"ms, sleep {cover['sleep_ms']:.4f} ms (medians), the samples' floor {cover['floor_ms']:.4f} ms "
@@ -577,7 +603,7 @@ def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sta
     hidden = None if cover is None else audit.cover_hid_work(host_ms, cover["gpu_ms"], cover["dispatch_ms"], idle_ms)
     if hidden:
         log("worker", f"{where}: {hidden}; timed again with the GPU idle before each call")
-        stats, cover = _timed(link, problem, plan, k, state, cover=False)
+        stats, cover = _timed(link, problem, plan, k, switches, cover=False)
     escaped = audit.escaped_work(residue_ms, stats.median_ms)
     if escaped:
         raise Failure("integrity_violation", f"{where}: {escaped}")
@@ -640,12 +666,12 @@ def grade(job: Job, result: dict[str, Any], phases: Phases, link: RunnerLink) ->
     hits = audit.forbidden_text_hits(problem, solution_dir)
     if hits:
         raise Failure("forbidden", f"forbidden op used: {'; '.join(hits)}")
-    state = link.ready()
+    switches = Switches(link.ready())
     phases.enter("build")
     t0 = time.perf_counter()
     imported = link.ask("import", "importing solution.py", importing=True)
     result["import_seconds"] = time.perf_counter() - t0
-    _check_state(state, imported, "when solution.py was imported")
+    switches.note(imported, "when solution.py was imported")
     if device == "cuda":
         result["l2"] = link.ask("gpu_setup", "resetting persisting L2", l2_bytes=env["l2_bytes"]).text("l2")
     plans, n_checks = [], 0
@@ -667,7 +693,7 @@ def grade(job: Job, result: dict[str, Any], phases: Phases, link: RunnerLink) ->
                           f"runner-up choice), {several} with several (element-wise up to the first tied router's "
                           "layer, the cosine rule alone after it)")
         try:
-            worst = _check_shape(link, problem, plan, k, shared, state)
+            worst = _check_shape(link, problem, plan, k, shared, switches)
         finally:
             arena.unpin()
         n_checks += len(plan.checks)
@@ -675,7 +701,7 @@ def grade(job: Job, result: dict[str, Any], phases: Phases, link: RunnerLink) ->
         del shared
         log("worker", f"shape {plan.shape.idx} correct (‖d‖/‖ref‖ ≤ {worst:.3g})")
         phases.enter("timing")
-        stats, audited = _time_shape(link, problem, plan, k, state, device)
+        stats, audited = _time_shape(link, problem, plan, k, switches, device)
         # The floor batches are done. A router problem's reference (a GB on the Mega step) stays only
         # where a CUDA-graph replay of this shape is verified later (_graph_times).
         plan.proof_inputs = []
@@ -689,7 +715,8 @@ def grade(job: Job, result: dict[str, Any], phases: Phases, link: RunnerLink) ->
     cases = (f"{problem.stateful.check_steps} consecutive steps, every state tensor" if problem.stateful
              else f"{1 + len(problem.numeric_stress)} numeric cases + structural cases")
     result.update(status="pass", message=f"correct on all {n_checks} checks ({len(plans)} shapes × "
-                                         f"{len(seeds)} seeds × {cases}) and on every timed call")
+                                         f"{len(seeds)} seeds × {cases}) and on every timed call"
+                                         f"{switches.clause()}")
 
 
 def _time(fn: Callable[..., Any], sets: list[list[Any]], device: str, env: dict[str, Any],

@@ -12,7 +12,8 @@ import torch
 
 
 def torch_global_state() -> dict[str, Any]:
-    """The torch switches a solution could flip to change the reference's numerics."""
+    """Torch's global numeric switches, which a solution may flip for its own computations: the judge names a
+    change in the log and the verdict (judge.Switches); the reference is computed in another process."""
     cuda_matmul = torch.backends.cuda.matmul
     return {
         "matmul.allow_tf32": cuda_matmul.allow_tf32,

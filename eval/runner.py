@@ -8,14 +8,14 @@ reference output. Whatever a candidate does to this interpreter (patch the grade
 rewrite objects in memory, raise SystemExit, `os._exit`) it does to this process alone; the
 judge checks outputs, recomputes statistics and applies the rules on its side.
 
-What a runner (a candidate that takes it over) can still lie about, because only this process
-sees it: which ops and kernels ran and which kernels are its own, torch's global switches (the
-state check is a tripwire for honest mistakes), the device an output lived on, and whether an
-output was a plain tensor when it was timed. The times it reports (samples, host-synchronised
-samples, graph replays) are its own too, but the judge holds them against its own clock around
-batches of calls on inputs never shown before (timing.py says how far that bound reaches). It
-cannot make a wrong output pass — every timed output is probed, the last per input set compared
-in full — read the references, or write the verdict.
+What a runner (a candidate that takes it over) can still lie about, because only this process sees it:
+which ops and kernels ran and which kernels are its own, torch's global switches (named in the log and
+the verdict, never held against it: they reach this process alone), the device an output lived on, and
+whether an output was a plain tensor when it was timed. The times it reports (samples, host-synchronised
+samples, graph replays) are its own too, but the judge holds them against its own clock around batches
+of calls on inputs never shown before (timing.py says how far that bound reaches). It cannot make a
+wrong output pass — every timed output is probed, the last per input set compared in full — read the
+references, or write the verdict.
 
 Its process group is its own, so the judge kills it with everything it started, and it dies with
 the judge (PR_SET_PDEATHSIG). Its stdout and stderr are the judge's: the same log.

@@ -116,6 +116,19 @@ def test_resume_grades_again_a_verdict_a_later_rule_changed(monkeypatch: pytest.
     assert settings.verdict_superseded(graded_by, message) is (not current)
 
 
+SWITCHES = ("torch global state changed when solution.py was imported: "
+            "matmul.allow_bf16_reduced_precision_reduction: True -> False")
+
+
+def test_resume_grades_again_a_kernel_failed_for_its_torch_switches() -> None:
+    """0.5.12 names a switch a solution flips (its own process only) where earlier graders failed it: such a
+    verdict is graded again and held back meanwhile; an integrity violation of another kind stands."""
+    assert not settings.result_current("0.5.11", SWITCHES, "07_w4a16_gemm", "integrity_violation")
+    assert settings.verdict_superseded("0.5.5", SWITCHES, "07_w4a16_gemm")
+    assert settings.result_current("0.5.11", "shape 0 seed 42 case nominal: the solution wrote into input 0",
+                                   "07_w4a16_gemm", "integrity_violation")
+
+
 TIMED_MISS = "shape 1: timed call 114 (input set 0, output 0) returned a wrong output: 6 of 32 probed elements"
 
 
