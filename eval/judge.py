@@ -109,10 +109,11 @@ class Switches:
         self.changed: dict[str, tuple[Any, Any]] = {}
 
     def note(self, reply: Reply, when: str) -> None:
-        """Log what the runner reports changed since the last report (once per new value)."""
+        """Log each switch the runner reports at a value other than its first and than the last one logged
+        (a switch set back is not logged again: it was changed)."""
         after = reply.state(self.before)
-        new = {k: (self.before[k], after[k]) for k in self.before
-               if after[k] != self.changed.get(k, (None, self.before[k]))[1]}
+        new = {k: (self.before[k], v) for k, v in after.items()
+               if v != self.before[k] and v != self.changed.get(k, (None, self.before[k]))[1]}
         if new:
             self.changed.update(new)
             log("worker", f"torch's global switches changed {when}: {_switch_list(new)} (its own process only: "
