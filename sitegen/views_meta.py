@@ -239,7 +239,7 @@ def methodology(data: SiteData) -> dict[str, Any]:
         "ordering_rule": ORDERING_RULE,
         "legend": [(STATUS_LABELS[s], STATUS_HELP[s]) for s in STATUS_LABELS],
         "agreement": (agreed := agreement(data)),
-        "agreement_gpus": [gpu_label(data, g) for g in agreed.gpus],
+        "agreement_gpus": {g: gpu_label(data, g) for g in agreed.gpus},
         "status_labels": STATUS_LABELS,
         "status_tones": STATUS_TONES,
         "charts": False,
