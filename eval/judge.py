@@ -113,7 +113,7 @@ class Switches:
         (a switch set back is not logged again: it was changed)."""
         after = reply.state(self.before)
         new = {k: (self.before[k], v) for k, v in after.items()
-               if v != self.before[k] and v != self.changed.get(k, (None, self.before[k]))[1]}
+               if v != self.before[k] and (k not in self.changed or self.changed[k][1] != v)}
         if new:
             self.changed.update(new)
             log("worker", f"torch's global switches changed {when}: {_switch_list(new)} (its own process only: "

@@ -252,7 +252,6 @@ def _forbidden_cause(message: str) -> str | None:
 def _integrity_cause(message: str) -> str | None:
     for needle, what in (("work escaped the timed stream", "work escaped the timed stream"),
                          ("wrote into input", "wrote into its inputs"),
-                         ("torch global state changed", "changed torch's global state"),
                          ("the runner's clock says", "its clock disagrees with the judge's")):
         if needle in message:
             return f"{STRONGER}integrity: {what}"

@@ -184,8 +184,6 @@ def test_the_fresh_seed_is_a_stronger_check(deck07) -> None:
      "integrity: work escaped the timed stream"),
     ("integrity_violation", "shape 0 (decode) seed 42 case nominal: the solution wrote into input 0",
      "integrity: wrote into its inputs"),
-    ("integrity_violation", "torch global state changed during shape 0: allow_tf32 False -> True",
-     "integrity: changed torch's global state"),
     ("integrity_violation", "shape 0: the runner's clock says 40 back-to-back calls took 0.1 ms",
      "integrity: its clock disagrees"),
 ])
@@ -304,8 +302,8 @@ def test_the_methodology_page_lists_the_differences(committed: SiteData) -> None
     row = next(tr for tr in rows if HY3_07 in text(tr) and "NVIDIA H200" in text(tr))  # also on the H100 SXM
     assert "stronger check: stress case small_scales (ours only)" in text(row)
     assert row.find(".//th/a").get("href") == f"../runs/h200/{HY3_07}/"
-    if len(a.pairs) != a.regraded:
-        assert f"({len(a.pairs)} gradings of {a.regraded} kernels)" in words
+    assert len(a.pairs) > a.regraded  # kernels graded on both the H200 and the H100 SXM: compared on each
+    assert f"({len(a.pairs)} gradings of {a.regraded} kernels)" in words
     assert "unexplained" not in (row.get("class") or "")
 
 

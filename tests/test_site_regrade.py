@@ -66,8 +66,8 @@ SWITCHES_SINCE = (0, 5, 12)
 @functools.cache
 def _superseded_ids(gpu: str) -> frozenset[str]:
     """Run ids of `gpu`'s passes timed before COMPILE_METHOD_SINCE on a problem whose compile baselines on
-    `gpu` were measured since, and of its Mega steps refused for state keys of their own before
-    STATE_KEYS_SINCE, read straight off the parquet tables."""
+    `gpu` were measured since, and of its verdicts a later rule changed (the *_SINCE graders above), read
+    straight off the parquet tables."""
     runs = _all_runs()
     folder = DATA / "results" / gpu
     rebaselined = {(b["bench"], b["problem"]) for b in pq.read_table(folder / "baselines.parquet").to_pylist()
