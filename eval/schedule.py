@@ -57,7 +57,7 @@ from .prebuild import GRADING_GPU_KEYS
 from .reproducible import classify, cutlass_stood_in
 from .sandbox import Prebuild, driver_version, finish_prebuild, gpu_lock, probe_device, run_worker, start_prebuild
 from .schema import CPU_KEY, DNF_OUTCOMES, PRECISIONS, TIME_STATS, peak_column
-from .scoring import best_compile, result_row, shape_rows
+from .scoring import best_compile, beyond_hardware, result_row, shape_rows
 from .settings import (
     BASELINE_VARIANTS,
     CUTLASS_STAND_IN_SINCE,
@@ -293,6 +293,11 @@ def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem:
             status, message = relabelled
         shapes = shape_rows(problem, spec, sub.run_id, gpu, result.get("shapes", []), baselines,
                             _hardware(opts.out, gpu)) if status == "pass" else []
+        beyond = beyond_hardware(problem, spec, shapes) if status == "pass" else None
+        if beyond is not None:
+            with contextlib.suppress(OSError), log.open("a") as fh:
+                fh.write(f"[grader] pass refused integrity_violation: {beyond}\n")
+            status, message, shapes = "integrity_violation", beyond, []
         row = result_row(status=status, message=message, shapes=shapes, seeds=result.get("seeds"),
                          grade_seconds=round(res.seconds + prebuild_s, 2), log_path=str(log.relative_to(opts.out)),
                          **{**common, "env": result.get("env") or env})

@@ -13,7 +13,7 @@ from typing import Any
 from .deck import Problem
 from .hardware import GpuSpec
 from .roofline import geomean, roofline, speedup
-from .settings import HEADLINE_COMPILE_VARIANTS
+from .settings import HEADLINE_COMPILE_VARIANTS, PEAK_FRACTION_LIMIT
 
 
 def best_compile(baselines: Mapping[str, Mapping[str, Any]]) -> tuple[str, float] | None:
@@ -79,6 +79,31 @@ def shape_rows(problem: Problem, spec: GpuSpec | None, run_id: str, gpu: str,
         row["measured_fraction"] = achieved / measured if achieved and measured else None
         rows.append(row)
     return rows
+
+
+def beyond_hardware(problem: Problem, spec: GpuSpec | None, shapes: list[dict[str, Any]]) -> str | None:
+    """Why a pass's times cannot be its computation's: the shape whose median implies the largest fraction of
+    the GPU's datasheet peak for the problem's regime, where that is above PEAK_FRACTION_LIMIT; else None.
+
+    A timed call starts from a flushed L2, so no honest kernel beats the peak (settings.PEAK_FRACTION_LIMIT):
+    a time beyond it is an output served without the work, or a clock that lies, and the judge's clock alone
+    does not refuse either where they hide inside the timed loop. Only the regime's own fraction is held:
+    the other one rests on a formula that may count work a kernel can skip (a MoE's idle experts' bytes)."""
+    fractions = [s for s in shapes if s.get("peak_fraction") is not None]
+    if spec is None or not fractions:
+        return None
+    worst = max(fractions, key=lambda s: s["peak_fraction"])
+    if worst["peak_fraction"] <= PEAK_FRACTION_LIMIT:
+        return None
+    if problem.regime == "memory":
+        rate = f"{worst['gb_s']:,.0f} GB/s, {worst['peak_fraction']:.2f}× its {spec.bandwidth_gb_s:,.0f} GB/s"
+    else:
+        peak = spec.peak(problem.peak_tflops_key)
+        rate = (f"{worst['tflop_s']:,.0f} TFLOP/s, {worst['peak_fraction']:.2f}× its dense "
+                f"{problem.peak_tflops_key} peak of {peak:,.0f}")
+    return (f"shape {worst['shape_idx']} ({worst['shape_label']}) timed at a median of {worst['median_ms']:.4f} ms: "
+            f"{rate}, faster than the {spec.name} can do the work from a flushed L2 — its time is not the "
+            f"computation's (an output served without the work, or a clock that lies)")
 
 
 def result_row(*, run_id: str, gpu: str, status: str, message: str, shapes: list[dict[str, Any]],

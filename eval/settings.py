@@ -60,6 +60,15 @@ LIBRARY_KERNEL = re.compile(
 #: host-synchronised time against 1.5× the median and flagged such kernels on some gradings).
 ESCAPE_FRACTION, ESCAPE_SLACK_MS = 0.05, 0.05
 
+#: A pass is refused `integrity_violation` where a shape's median time implies more than this fraction of the
+#: GPU's datasheet peak for the problem's regime (scoring.beyond_hardware, since 0.5.13): every timed call starts
+#: from a flushed L2, so the bytes a problem must move come from DRAM, and no kernel moves them faster than the
+#: memory allows, nor does more FLOPs than the tensor cores can. Such a time is not the computation's: an output
+#: served from a cache that the timing pool's repeated values hit, or a clock that lies only in the timed loop
+#: (the two known gaps of the judge's clock, eval/timing.py). The most an honest pass reached, on every GPU graded
+#: here and every imported board, is 0.90 of its regime's peak (0.77 graded here: 03 on the H100 SXM).
+PEAK_FRACTION_LIMIT = 1.0
+
 #: A stateful deck's timing and floor-batch sets are drawn states whose every router choice is clear:
 #: the first of up to ROUTER_CLEAR_DRAWS draws whose least router margin is at least
 #: ROUTER_CLEAR_FACTOR × the deck's `router_margin_ulps`, else the widest of them. Checked steps may
@@ -269,6 +278,9 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: own computations, which every check holds to the reference. Two committed verdicts fall to it
 #: (SUPERSEDED_VERDICTS): claude-fable-5 07 224447 (H200) and qwen3.8-max 07 025959 (H100 SXM), which turn
 #: `allow_bf16_reduced_precision_reduction` off at import for fp32 reductions in their own cuBLAS calls.
+#: 0.5.13 refuses a pass timed beyond the GPU's datasheet peak for its problem's regime (PEAK_FRACTION_LIMIT,
+#: scoring.beyond_hardware), in the parent after scoring: no committed pass comes near it (0.77 at most), so
+#: no committed verdict moves and none is graded again.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 #: Passes an earlier grader gave under a looser check than the current one, as (the first grader with the

@@ -218,6 +218,20 @@ def _stale_first(self, query, kv_cache, block_table, seq_lens):
     return _sf["out"]
 Model.forward = _stale_first
 """,
+    # An output cache keyed on a fingerprint of a few of the values (a host read of 16 query elements): the timing
+    # pool's sets come round again, so every timed call after the first few is served from it, correct and
+    # without the work. The judge's clock does not refuse it (eval/timing.py); the hardware's peak does:
+    # 03's second shape must move 268 MB of KV cache, at least 56 µs at the H200's 4.8 TB/s.
+    "value_fingerprint_cache": HOUSE_SOURCE + """
+_forward_vf = Model.forward
+def _value_cached(self, query, kv_cache, block_table, seq_lens):
+    key = (tuple(query.shape), tuple(query.reshape(-1)[:16].tolist()))
+    memo = self.__dict__.setdefault("memo", {})
+    if key not in memo:
+        memo[key] = _forward_vf(self, query, kv_cache, block_table, seq_lens).clone()
+    return memo[key]
+Model.forward = _value_cached
+""",
 }
 
 EXPECTED = {"house": "pass", "illegal_access": "runtime_error", "reference": "forbidden",
@@ -227,7 +241,7 @@ EXPECTED = {"house": "pass", "illegal_access": "runtime_error", "reference": "fo
             "pointer_keyed_cache": "wrong", "stale_graph_replay": "wrong",
             "persisting_l2_window": ("pass", "integrity_violation"),
             "in_call_sync": "pass", "graph_on_input_pointers": "pass", "under_cover": "pass",
-            "stale_first_loop": "wrong"}
+            "stale_first_loop": "wrong", "value_fingerprint_cache": "integrity_violation"}
 
 
 class _Graded(dict):
@@ -301,7 +315,8 @@ def test_a_graph_keyed_on_input_pointers_is_timed_at_its_replay_not_its_capture(
         assert ms <= 1.15 * house[idx], (idx, ms, house[idx])
 
 
-@pytest.mark.parametrize("name", ["side_stream", "reference", "illegal_access", "stale_first_loop"])
+@pytest.mark.parametrize("name", ["side_stream", "reference", "illegal_access", "stale_first_loop",
+                                  "value_fingerprint_cache"])
 def test_messages_name_the_mechanism(graded, name: str) -> None:
     _, rows = graded
     message = rows[name]["message"]
@@ -311,6 +326,8 @@ def test_messages_name_the_mechanism(graded, name: str) -> None:
         assert any(m in message for m in ("escaped the timed stream", "the judge's clock"))
     elif name == "reference":
         assert "no kernel of its own ran" in message
+    elif name == "value_fingerprint_cache":
+        assert "faster than the" in message and "from a flushed L2" in message
     else:
         assert "illegal memory access" in message.lower() or "CUDA" in message
 
