@@ -92,8 +92,11 @@ probed elements, checked like the timed ones. One rule, and one piece of evidenc
   holds the CPU is inflated where a median is not (an honest 07 reference under another grader's
   load: floor 31 ms, median 3.8 ms). So **a lie told only inside the timed loop, by a candidate
   that recognises the loop, and a cache keyed on a fingerprint of the pool's repeating values,
-  are not refused** (tests/test_redteam_judge.py keeps both as known gaps); the log shows the
-  floor beside the median for an auditor.
+  are not refused** by it (tests/test_redteam_judge.py keeps both as known gaps on the CPU); the log
+  shows the floor beside the median for an auditor. On a GPU the parent holds both to the hardware
+  instead (since 0.5.13, scoring.beyond_hardware): a shape timed beyond the datasheet peak for its
+  problem's regime is refused, which a cache serving without the work reaches wherever the work is
+  longer than the host read that keys it.
 
 Where a batch's calls are too short to stand out of the allowances (launch-bound shapes), the
 floor says so by being 0. A clock that takes a constant few µs off every call shrinks a batch of
