@@ -109,6 +109,17 @@ EVIDENCE: dict[str, str] = {
         "architecture-specific code (load_inline with torch's default target, solution.py:476–488) and their "
         "check log is not published. On the H100 SXM it builds from the published file and is exact on all "
         "80 checks, the structural tie and spike cases included, and on every timed call"),
+    "20260720_225753_or-fable_anthropic_claude-fable-5_03_paged_attention": (
+        "a race of its own: on a call whose inputs sit at addresses it has not captured yet, its paged_capture "
+        "(solution.py:102, in its CUDA source) launches the kernel on a stream from torch's pool, which does not "
+        "wait for the caller's stream, and returns that launch's output. A numeric stress case hands it inputs "
+        "scaled on the GPU just before the call, new tensors (eval/plan.py scaled_positions), so the kernel can "
+        "read them before the scaling has written them: on the H100 SXM, seed 123's small_q_kv call of shape 0 "
+        "returned an output 43.3 times the reference's norm away (0.00684 where the reference has 3.39e-5), as "
+        "one computed from inputs partly left unscaled would be (the case scales the values by 0.01). "
+        "KernelBench-Hard's check.py scales on the GPU too, but runs the reference on the scaled inputs "
+        "before the solution, so the scaling has long finished when the side stream reads them. Any caller "
+        "whose inputs come from the kernel just before meets the race"),
     "20260721_150450_codex_gpt-5.6-sol_07_w4a16_gemm": (
         "not the GPU but the files: its build adds cutlass/include beside solution.py as an include folder "
         "(solution.py:50), a vendored CUTLASS the published files lack, whose \"customized CUTLASS register "

@@ -223,12 +223,18 @@ Model.forward = _stale_first
     # without the work. The judge's clock does not refuse it (eval/timing.py); the hardware's peak does:
     # 03's second shape must move 268 MB of KV cache, at least 56 µs at the H200's 4.8 TB/s.
     "value_fingerprint_cache": HOUSE_SOURCE + """
+import triton as _triton_vf
+import triton.language as _tl_vf
+@_triton_vf.jit
+def _vf_touch(x_ptr):  # a kernel of its own on every call, so the own-kernel audit is satisfied
+    _tl_vf.store(x_ptr, _tl_vf.load(x_ptr))
 _forward_vf = Model.forward
 def _value_cached(self, query, kv_cache, block_table, seq_lens):
     key = (tuple(query.shape), tuple(query.reshape(-1)[:16].tolist()))
     memo = self.__dict__.setdefault("memo", {})
     if key not in memo:
         memo[key] = _forward_vf(self, query, kv_cache, block_table, seq_lens).clone()
+    _vf_touch[(1,)](memo[key])
     return memo[key]
 Model.forward = _value_cached
 """,
