@@ -194,6 +194,27 @@ class MeasuredRow:
     measured_at: datetime | None
 
 
+@dataclass(frozen=True)
+class HighestPass:
+    """The largest fraction of its regime's peak any pass's shape reached: how far honest kernels stay
+    below the limit a pass is refused beyond (settings.PEAK_FRACTION_LIMIT)."""
+
+    fraction: float
+    run_id: str
+    gpu: str
+    gpu_label: str
+    imported: bool
+
+
+def highest_pass_fraction(data: SiteData) -> HighestPass | None:
+    shapes = [(s.peak_fraction, r) for r in data.results if r.is_pass for s in r.shapes
+              if s.peak_fraction is not None]
+    if not shapes:
+        return None
+    fraction, result = max(shapes, key=lambda item: item[0])
+    return HighestPass(fraction, result.run_id, result.gpu, gpu_label(data, result.gpu), result.is_imported)
+
+
 def methodology(data: SiteData) -> dict[str, Any]:
     prose = METHODOLOGY_MD.read_text(encoding="utf-8") if METHODOLOGY_MD.is_file() else ""
     measured = [
@@ -225,6 +246,7 @@ def methodology(data: SiteData) -> dict[str, Any]:
         "cover_factor": settings.COVER_FACTOR,
         "proof_claim_factor": settings.PROOF_CLAIM_FACTOR,
         "peak_fraction_limit": settings.PEAK_FRACTION_LIMIT,
+        "highest_pass": highest_pass_fraction(data),
         "spin_up_ms": settings.SPIN_UP_MS,
         "launch_bound_ms": settings.LAUNCH_BOUND_MS,
         "escape_fraction": settings.ESCAPE_FRACTION,

@@ -83,6 +83,11 @@ def test_methodology_shows_the_graders_settings_from_code(built_site: Path) -> N
     assert f"(this grader is {settings.GRADER_VERSION})" in text
     assert ORDERING_RULE in text
     assert f"built with grader {settings.GRADER_VERSION}" in text
+    assert f"a pool of {settings.TIMING_POOL_SETS} input sets" in text
+    assert f"sleeps {settings.COVER_FACTOR:.0f}× the host's slowest dispatch" in text
+    assert f"cover less than {settings.PROOF_CLAIM_FACTOR} of the judge's time" in text
+    assert f"implies more than {100 * settings.PEAK_FRACTION_LIMIT:.1f}% of the GPU's datasheet peak" in text
+    assert re.search(r"The most any pass on this site reached is \d+\.\d+% \(\S+ on the ", text)
     for spec in GPUS.values():
         assert spec.name in text and f"{spec.bandwidth_gb_s:,.0f}" in text
 
@@ -94,7 +99,7 @@ def test_the_grader_uses_the_settings_module() -> None:
                           ("audit.py", ("ESCAPE_FRACTION", "LIBRARY_KERNEL")),
                           ("timing.py", ("L2_FLUSH_FACTOR", "CUDA_TIMER")),
                           ("schedule.py", ("BASELINE_VARIANTS", "GRADER_VERSION")),
-                          ("scoring.py", ("HEADLINE_COMPILE_VARIANTS",))):
+                          ("scoring.py", ("HEADLINE_COMPILE_VARIANTS", "PEAK_FRACTION_LIMIT"))):
         source = (root / module).read_text()
         for name in names:
             assert re.search(rf"from \.settings import \(?[^)]*\b{name}\b", source), (module, name)
