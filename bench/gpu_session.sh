@@ -6,7 +6,9 @@
 #   IDS=file    grade these run ids or run_id globs (one a line, in that order; '{gpu}' in the name is this
 #               GPU's board key: IDS=.carry/queue-hard-{gpu}.txt, from bench/carry.sh) into a results folder
 #               seeded from SEED (SEED: a .tgz of a results folder, or a folder; default data/results);
-#               IDS=all grades every run of the deck not graded yet (--resume decides)
+#               IDS=all grades every run of the deck not graded yet (--resume decides);
+#               IDS=todo grades the queue `kernelboard eval todo` writes from the seeded folder, asked again
+#               after each round while more than TODO_MIN_LEFT (60) seconds are left
 #   DECK=mega   the Mega deck (default hard)
 #   EXCLUDE=g,h run_id globs left out (eval --exclude): a kernel that outlasts a call, say
 #   EVAL_ARGS='…' more `kernelboard eval` options (say --check-timeout 1500 --timeout 2400 for a kernel
@@ -84,16 +86,37 @@ if [ -n "${IDS:-}" ]; then
   sleep 1; touch $WORK/.started  # logs newer than this are this call's (the seed's copies are older)
   GPU_KEY=$(.venv-eval/bin/python -c "import sys; from kernelboard.eval.hardware import gpu_key; print(gpu_key(sys.argv[1]))" \
     "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)")
-  IDS=${IDS//\{gpu\}/$GPU_KEY}  # the queue of this GPU's board
-  [ "$IDS" = all ] || [ -f "$IDS" ] || { echo "no $IDS: bench/carry.sh writes each board's queue"; exit 1; }
-  only=(); [ "$IDS" = all ] || while read -r id; do [ -n "$id" ] && only+=(--only "$id"); done < "$IDS"
-  IFS=, read -r -a globs <<< "${EXCLUDE:-}"; for g in "${globs[@]}"; do [ -n "$g" ] && only+=(--exclude "$g"); done
   DECK=${DECK:-hard}
-  echo "== grading ${IDS/#all/every ungraded run of $DECK} (${#only[@]} flags) into a folder seeded from $SEED ($(left) s left)"
+  excluded=(); IFS=, read -r -a globs <<< "${EXCLUDE:-}"
+  for g in "${globs[@]}"; do [ -n "$g" ] && excluded+=(--exclude "$g"); done
+  grade() {  # $1: a file of run ids or globs (in grading order), or "all"
+    local only=(); [ "$1" = all ] || while read -r id; do [ -n "$id" ] && only+=(--only "$id"); done < "$1"
+    echo "== grading ${1/#all/every ungraded run of $DECK} ($(( ${#only[@]} / 2 )) run ids, $(( ${#excluded[@]} / 2 )) exclusions) into a" \
+      "folder seeded from $SEED ($(left) s left)"
+    timeout -s INT "$(left)" .venv-eval/bin/kernelboard eval --deck eval/decks/$DECK --submissions data/submissions/$DECK \
+      --out $WORK/res --resume "${only[@]}" "${excluded[@]}" ${EVAL_ARGS:-} 2>&1 | grep -v "^\s*$" | tail -80
+    echo "== eval exited ${PIPESTATUS[0]} at $(( $(date +%s) - T0 )) s"
+  }
   G0=$(date +%s)
-  timeout -s INT "$(left)" .venv-eval/bin/kernelboard eval --deck eval/decks/$DECK --submissions data/submissions/$DECK \
-    --out $WORK/res --resume "${only[@]}" ${EVAL_ARGS:-} 2>&1 | grep -v "^\s*$" | tail -80
-  echo "== eval exited ${PIPESTATUS[0]} at $(( $(date +%s) - T0 )) s"
+  if [ "$IDS" = todo ]; then
+    # The queue `kernelboard eval todo` writes from this call's own results folder (the seed and what this call
+    # graded), asked again whenever a round ends with time left: the runs the board waits on first, then, once
+    # its problems are done, the next problem's, so a call neither grades from a stale queue nor idles.
+    last=""
+    while [ "$(left)" -gt "${TODO_MIN_LEFT:-60}" ]; do
+      .venv-eval/bin/kernelboard eval todo --deck eval/decks/$DECK --submissions data/submissions/$DECK \
+        --out $WORK/res --gpu "$GPU_KEY" --queue $WORK/queue.txt "${excluded[@]}" 2>&1 | tail -12
+      [ -s $WORK/queue.txt ] || { echo "== nothing left to grade on $GPU_KEY"; break; }
+      queued=$(cat $WORK/queue.txt)
+      [ "$queued" = "$last" ] && { echo "== the queue is what the last round was given: stopping"; break; }
+      last=$queued
+      grade $WORK/queue.txt
+    done
+  else
+    IDS=${IDS//\{gpu\}/$GPU_KEY}  # the queue of this GPU's board
+    [ "$IDS" = all ] || [ -f "$IDS" ] || { echo "no $IDS: bench/carry.sh writes each board's queue"; exit 1; }
+    grade "$IDS"
+  fi
   new_logs() { find $WORK/res/*/logs -name "$1" -newer $WORK/.started 2>/dev/null | sort; }  # this call's, any GPU
   # the GPU's share of the batch: each grading's worker log ends at its last "(+N s)" stamp (the worker's span)
   new_logs '*.log' | grep -v '\.prebuild\.log$' | while read -r f; do grep -o "(+[0-9.]* s)" "$f" | tail -1; done \
