@@ -199,6 +199,12 @@ def _version(text: str) -> tuple[int, ...]:
 CUTLASS_STAND_IN_SINCE = "0.5.10"
 
 
+def version_order(text: str) -> tuple[tuple[int, ...], str]:
+    """A sort key that puts grader versions, bare ('0.5.9') or named ('kernelboard 0.5.9'), in release order
+    ('0.5.9' before '0.5.11', which a string sort reverses); text without a version sorts first, by itself."""
+    return _version(text), text
+
+
 def graded_before(grader_version: str, since: str) -> bool:
     """Whether a grader of `grader_version` predates version `since`."""
     return _version(grader_version) < _version(since)

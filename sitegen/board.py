@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from kernelboard.eval.schema import AGENT_OUTCOMES, STATUSES, UNSCORED_STATUSES
+from kernelboard.eval.settings import version_order
 
 from .fastest import FastestLines, VsFastest
 from .load import COMPILE_LABEL, CPU_KEY, DECK_BASELINE_LABEL, Annotation, Problem, Result, Run, SiteData
@@ -462,7 +463,7 @@ def _board(data: SiteData, gpu: str, bench: str, results: list[Result], metric: 
                               notes.get(run.run_id), metric, lines.of(run.bench, run.problem, res)))
         rows.append(_row(model, runs, tuple(cells), pending.get(model)))
     return Board(bench, gpu, gpu_label(data, gpu), problems, rank_rows(rows), metric,
-                 tuple(sorted({r.measured_by for r in results})))
+                 tuple(sorted({r.measured_by for r in results}, key=version_order)))
 
 
 def score(cells: Iterable[Cell | None]) -> tuple[float | None, int, int]:

@@ -19,7 +19,7 @@ from markdown_it import MarkdownIt
 from markupsafe import Markup
 
 from kernelboard.eval.roofline import geomean
-from kernelboard.eval.settings import tightened_since
+from kernelboard.eval.settings import tightened_since, version_order
 
 from . import charts
 from .board import (
@@ -136,7 +136,7 @@ class MeasuredBy:
 
     @classmethod
     def of_results(cls, results: list[Result], metric: Metric) -> MeasuredBy:
-        return cls(metric.imported, tuple(sorted({r.measured_by for r in results})), metric)
+        return cls(metric.imported, tuple(sorted({r.measured_by for r in results}, key=version_order)), metric)
 
 
 def peak_text(problem: Problem, hardware: Hardware | None) -> str:

@@ -228,7 +228,7 @@ def methodology(data: SiteData) -> dict[str, Any]:
                        "baselines, hardware peaks and the ranking rule, as the grader runs them.",
         "prose_html": _markdown(prose) if prose else None,
         "grader_version": settings.GRADER_VERSION,
-        "graded_versions": sorted({r.grader_version for r in data.results}),
+        "graded_versions": sorted({r.grader_version for r in data.results}, key=settings.version_order),
         "results_comparable_since": settings.RESULTS_COMPARABLE_SINCE,
         "superseded": [(gpu_label(data, r.gpu), data.runs[r.run_id].problem, r.run_id, r.grader_version,
                         f"{r.status} under a rule a later grader changed"

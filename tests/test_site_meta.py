@@ -216,3 +216,12 @@ def test_a_base_url_that_is_not_absolute_http_is_refused(site_inputs: SiteInputs
 
 def _pages(site: Path) -> list[str]:
     return list(html_pages(site))
+
+
+def test_grader_versions_are_listed_in_release_order() -> None:
+    """'0.5.9' before '0.5.11' (a string sort puts it after), named or bare; text without a version first."""
+    named = ["kernelboard 0.5.13", "kernelboard 0.5.7", "kernelboard 0.5.11", "KernelBench-Hard (imported)"]
+    assert sorted(named, key=settings.version_order) == [
+        "KernelBench-Hard (imported)", "kernelboard 0.5.7", "kernelboard 0.5.11", "kernelboard 0.5.13"]
+    bare = ["0.5.11", "0.4.9", "0.5.9", "kbh"]
+    assert sorted(bare, key=settings.version_order) == ["kbh", "0.4.9", "0.5.9", "0.5.11"]
