@@ -372,6 +372,14 @@ class Agreement:
         denominator = len(self.agree) + len(self.other)
         return len(self.agree) / denominator if denominator else None
 
+    @property
+    def per_kernel(self) -> tuple[int, int]:
+        """(kernels that agree, kernels that agree or differ for a cause held against the figure), each kernel
+        counted once however many GPUs graded it: it agrees only where none of its gradings differs that way."""
+        other = {p.run.run_id for p in self.other}
+        agree = {p.run.run_id for p in self.agree} - other
+        return len(agree), len(agree) + len(other)
+
 
 def _source_result(run: Run, imported: list[Result]) -> Result | None:
     """Its imported result on its source board (the run's own GPU), else on any board."""

@@ -295,6 +295,9 @@ def test_the_methodology_page_lists_the_differences(committed: SiteData) -> None
     assert (facts["agree"], facts["differ: a stronger check of ours"], facts["differ: other causes"],
             facts["excluded"]) == (str(len(a.agree)), str(len(a.stronger)), str(len(a.other)), str(len(a.excluded)))
     assert facts["agreement"].startswith(f"{pct(a.rate)} = agree / (agree + other differences)")
+    agreeing, compared = a.per_kernel
+    assert compared < len(a.agree) + len(a.other)  # kernels graded on two GPUs count once
+    assert facts["agreement per kernel"].startswith(f"{pct(agreeing / compared)} = {agreeing} / {compared}: each")
     tables = section.findall(".//table")
     assert len(tables) == bool(a.stronger) + bool(a.other)  # a table for each kind of difference present
     rows = [tr for table in tables for tr in table.iterfind(".//tbody/tr")]
@@ -370,3 +373,15 @@ def test_every_limit_entry_is_a_disagreement_in_the_data_that_counts() -> None:
     for run_id in OUR_LIMITS:
         assert run_id in pairs and pairs[run_id].verdict.kind == "differ", run_id
         assert pairs[run_id] in a.other and pairs[run_id] not in a.stronger
+
+
+def test_a_kernel_that_differs_on_one_of_its_gpus_does_not_agree_per_kernel(committed: SiteData) -> None:
+    a = agreement(committed)
+    twice = next(run_id for run_id in {p.run.run_id for p in a.agree}
+                 if sum(p.run.run_id == run_id and p.verdict.kind == "agree" for p in a.pairs) == 2)
+    first = next(p for p in a.pairs if p.run.run_id == twice)
+    differing = dataclasses.replace(first, verdict=dataclasses.replace(first.verdict, kind="differ"))
+    changed = dataclasses.replace(a, pairs=tuple(differing if p is first else p for p in a.pairs))
+    agreeing, compared = a.per_kernel
+    assert changed.per_kernel == (agreeing - 1, compared)
+    assert len(changed.agree) == len(a.agree) - 1 and len(changed.other) == len(a.other) + 1
