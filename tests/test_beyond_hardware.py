@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from grading import REEXPORT, MeasuredBaselines, grade
 
+from kernelboard.eval import schedule
 from kernelboard.eval.deck import load_problem
-from kernelboard.eval.hardware import GPUS
+from kernelboard.eval.hardware import GPUS, GpuSpec
+from kernelboard.eval.schema import PRECISIONS
 from kernelboard.eval.scoring import beyond_hardware, shape_rows
 from kernelboard.eval.settings import PEAK_FRACTION_LIMIT
 
@@ -68,3 +71,16 @@ def test_no_graded_or_imported_pass_comes_near_the_limit() -> None:
                            for p in sorted((ROOT / "data" / "results").glob("*/shapes.parquet"))])
     assert len(fractions) > 1000
     assert fractions["peak_fraction"].max() < 0.95 * PEAK_FRACTION_LIMIT
+
+
+def test_a_grading_timed_beyond_the_peak_is_refused_and_logged(tmp_path: Path, measured_baselines: MeasuredBaselines,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole path on the CPU: a datasheet for it so slow that the reference's own times lie beyond it."""
+    tiny = GpuSpec("cpu", "a test machine of 1 kB/s", "none", 1, None, 1e-6, {p: 1e-12 for p in PRECISIONS}, "a test")
+    monkeypatch.setattr(schedule, "GPUS", {**schedule.GPUS, "cpu": tiny})
+    row = grade(tmp_path, ["03_paged_attention"], {"ref": ("03_paged_attention", REEXPORT)}, measured_baselines)["ref"]
+    assert row["status"] == "integrity_violation"
+    assert "faster than the a test machine of 1 kB/s can do the work from a flushed L2" in row["message"]
+    assert row["speedup_vs_compile"] is None and row["n_shapes"] == 0
+    log = (tmp_path / "out" / row["log_path"]).read_text()
+    assert f"[grader] pass refused integrity_violation: {row['message']}" in log
