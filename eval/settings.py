@@ -66,7 +66,8 @@ ESCAPE_FRACTION, ESCAPE_SLACK_MS = 0.05, 0.05
 #: memory allows, nor does more FLOPs than the tensor cores can. Such a time is not the computation's: an output
 #: served from a cache that the timing pool's repeated values hit, or a clock that lies only in the timed loop
 #: (the two known gaps of the judge's clock, eval/timing.py). The most an honest pass reached, on every GPU graded
-#: here and every imported board, is 0.90 of its regime's peak (0.77 graded here: 03 on the H100 SXM).
+#: here and every imported board, is 0.90 of its regime's peak (0.77 graded here: 03 on the H100 SXM; on
+#: 2026-12-06, and the methodology page gives the figure of the data it is built from).
 PEAK_FRACTION_LIMIT = 1.0
 
 #: A stateful deck's timing and floor-batch sets are drawn states whose every router choice is clear:
