@@ -5,7 +5,8 @@
 # library line). Each file is pinned by name and SHA-256, so every call grades with what the committed rows
 # name. Also each deck's queue for the H200 and H100 SXM boards, queue-<deck>-<gpu>.txt (`kernelboard eval
 # todo`: the runs left, in the order that ranks AI models soonest); gpu_session.sh's IDS=.carry/queue-hard-{gpu}.txt
-# takes the one of the GPU it finds, and `--resume` skips what an earlier call graded.
+# takes the one of the GPU it finds, and `--resume` skips what an earlier call graded (IDS=todo writes the
+# queue on the GPU machine instead, from the call's own seeded results: what a session's later calls want).
 # Run where PyPI and deb.debian.org answer (a developer machine): it downloads, installs nothing and says
 # what it fetches. Name CARRY in the device call's carry list (.gitignore keeps it out of git); 7.6 MB.
 set -euo pipefail
@@ -47,4 +48,4 @@ else
   echo "carry.sh: no $KERNELBOARD (make .venv/.dev, or name one with KERNELBOARD=): no queue files written"
 fi
 echo "carry.sh: $CARRY holds $DEB, whl/ ($(ls whl | tr '\n' ' ')) and $(ls queue-*.txt 2>/dev/null | wc -l)" \
-  "queue files ($(du -sh . | cut -f1)): IDS=.carry/queue-hard-{gpu}.txt bench/gpu_session.sh"
+  "queue files ($(du -sh . | cut -f1)): IDS=todo (or IDS=.carry/queue-hard-{gpu}.txt) bench/gpu_session.sh"
