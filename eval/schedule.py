@@ -293,7 +293,7 @@ def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem:
             status, message = relabelled
         shapes = shape_rows(problem, spec, sub.run_id, gpu, result.get("shapes", []), baselines,
                             _hardware(opts.out, gpu)) if status == "pass" else []
-        beyond = beyond_hardware(problem, spec, shapes) if status == "pass" else None
+        beyond = beyond_hardware(problem, spec, shapes)  # None without shape rows: a pass only
         if beyond is not None:
             with contextlib.suppress(OSError), log.open("a") as fh:
                 fh.write(f"[grader] pass refused integrity_violation: {beyond}\n")

@@ -34,8 +34,8 @@ fi
 """
 STUBS = {
     "bin/nvidia-smi": '#!/bin/bash\necho "NVIDIA H100 80GB HBM3, 580.159.04, 0 MiB, 30, 1980 MHz"\n',
-    "bin/dpkg": '#!/bin/bash\nmkdir -p /tmp/bw/usr/bin\nprintf "#!/bin/bash\\necho bubblewrap 0.8.0\\n" '
-                '> /tmp/bw/usr/bin/bwrap\nchmod +x /tmp/bw/usr/bin/bwrap\n',
+    "bin/dpkg": "#!/bin/bash\nexit 0\n",  # unpacks nothing: the stub bwrap below is on PATH (no shared /tmp/bw)
+    "bin/bwrap": '#!/bin/bash\necho "bubblewrap 0.8.0"\n',
     "bin/make": "#!/bin/bash\nexit 0\n",
     "root/.venv-eval/bin/pip": "#!/bin/bash\nexit 0\n",
     "root/.venv-eval/bin/python": '#!/bin/bash\ncase "$2" in *gpu_key*) echo h100-sxm;; *) echo torch;; esac\n',
