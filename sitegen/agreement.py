@@ -120,16 +120,6 @@ EVIDENCE: dict[str, str] = {
         "KernelBench-Hard's check.py scales on the GPU too, but runs the reference on the scaled inputs "
         "before the solution, so the scaling has long finished when the side stream reads them. Any caller "
         "whose inputs come from the kernel just before meets the race"),
-    "20260721_150450_codex_gpt-5.6-sol_07_w4a16_gemm": (
-        "not the GPU but the files: its build adds cutlass/include beside solution.py as an include folder "
-        "(solution.py:50), a vendored CUTLASS the published files lack, whose \"customized CUTLASS register "
-        "transform … evaluates (q + (-zero))*scale\" (solution.py:195–196); built against stock CUTLASS 4.2.0, "
-        "whose zero-point mode computes scale * q + zero (cutlass/detail/collective/mixed_input_utils.hpp), "
-        "its CUTLASS prefill path misses by the zero-point term (shape 1, the first prefill shape: 393,039 of "
-        "393,216 elements out of tolerance, 1320 where the reference has 1.13), while its M = 1 path, which "
-        "uses no CUTLASS mainloop, passes shape 0. Grader 0.5.10 labels such a failure "
-        "not_reproducible (eval/reproducible.py `cutlass_stood_in`) and `--resume` grades this 0.5.9 row "
-        "again; until then it counts against us"),
     "20260707_044245_longcat-claude_LongCat-2.0_07_w4a16_gemm": (
         "other GPU: theirs graded it on an RTX PRO 6000 (sm_120); on an H100 (sm_90, Triton 3.6.0) its "
         "autotuner's first call faults with an illegal memory access. bench/autotune_configs.py --shape 0 ran "
@@ -139,6 +129,15 @@ EVIDENCE: dict[str, str] = {
         "its code, every address that config touches is inside its tensors at every 07 shape "
         "(x and the packed weights masked on M and K, N a multiple of every BN): the fault is in Triton's "
         "sm_90 code for that tile, which the autotuner benchmarks whichever config would win"),
+    "20260802_045225_or-fable_deepseek_deepseek-v4-flash-0731_02_kda_cutlass": (
+        "other GPU: theirs graded it on an RTX PRO 6000 (sm_120); on an H100 (sm_90, Triton 3.6.0) its first "
+        "call faults with an illegal memory access. bench/triton_bounds.py ran its three kernels (fixed "
+        "configurations, no autotuner; solution.py:165–186) at each of 02's four shapes in Triton's interpreter "
+        "with every address checked (2026-12-06): each of the 5–126 million addresses a launch's loads and "
+        "stores touch is inside its tensors, and its output at seed 42 is right at every shape. Its addresses "
+        "do not depend on the values (no index is loaded). So the fault is in the GPU code made for sm_90 of a "
+        "kernel whose addresses are sound; which of its three launches faults is for a GPU to say "
+        "(compute-sanitizer)"),
     "20260618_151017_gemini_gemini-3.5-flash_02_kimi_linear_decode": (
         "on the H200 its step gave one output on each of 6 timing states of context 8192 (10 back-to-back "
         "calls each, bench/step_determinism.py --queued), every one within the bound; on the failing "
@@ -179,6 +178,10 @@ _CASE = re.compile(r"\bcase ([A-Za-z_][A-Za-z0-9_]*)")
 _STEP_OUTPUT = re.compile(r": output \d+ \(([^)]+)\):")
 _REL_ERR = re.compile(r"‖d‖/‖ref‖=([0-9.eE+-]+)")
 _SEED = re.compile(r"\bseed (\d+)\b")
+#: Triton's refusal of a launch whose tiles need more shared memory than the GPU gives a block: the same
+#: kernel and launch fit where the compiler lays the tiles out differently (sm_100's accumulators live in
+#: tensor memory, not shared memory), so on another GPU it is a difference of the GPU, read from the message.
+_SHARED_MEMORY = re.compile(r"OutOfResources: out of resource: shared memory, Required: (\d+), Hardware limit: (\d+)")
 #: "KernelBench-Hard (run detail): check.py: the output is incorrect" -> the part after the source name.
 _SOURCE_PREFIX = re.compile(r"^[^:]*\((?:run detail|imported)\):\s*")
 
@@ -308,6 +311,11 @@ def _classify(ours_status: str, ours_message: str, their_status: str, their_mess
         return Verdict("differ", cause)
     if ours_status == "wrong" and gpus is not None and gpus[0] != gpus[1] and _CASE.search(ours_message):
         return Verdict("differ", f"other GPU: fails a check both run on {gpus[0]}, passed on {gpus[1]}")
+    shared = _SHARED_MEMORY.search(ours_message) if ours_status == "runtime_error" else None
+    if shared and gpus is not None and gpus[0] != gpus[1]:
+        return Verdict("differ", f"other GPU: a launch of its asks {int(shared[1]):,} B of shared memory, over the "
+                                 f"{int(shared[2]):,} B a block may have on {gpus[0]} (Triton refuses it before it "
+                                 f"runs); passed on {gpus[1]}")
     if ours_status in ("runtime_error", "build_error", "timeout", "oom"):
         return Verdict("differ", f"ours fails where theirs passed: {ours_status} {TO_EXPLAIN}", explained=False)
     return Verdict("differ", f"ours: {ours_status} {TO_EXPLAIN}", explained=False)

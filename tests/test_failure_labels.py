@@ -368,19 +368,37 @@ def test_unscored_cells_are_never_a_zero_and_never_ranked() -> None:
 
 def test_resume_grades_again_a_failure_the_stand_in_rule_now_relabels(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """The committed H100 SXM rows: gpt-5.6-sol 07 150450's 0.5.9 `wrong` is not current under 0.5.10 (its
-    run goes back to the GPU); claude-fable-5 07 200159's `wrong`, the same folder missing, stays."""
+    """The committed H100 SXM rows, with gpt-5.6-sol 07 150450's row as grader 0.5.9 wrote it (a `wrong`;
+    0.5.13 graded it again on 2026-12-06: `not_reproducible`): that `wrong` is not current under 0.5.10 (its
+    run goes back to the GPU), and the row that replaced it is; claude-fable-5 07 200159's `wrong`, the same
+    folder missing, stays."""
     import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
     from kernelboard.eval import schedule
 
+    sol = "20260721_150450_codex_gpt-5.6-sol_07_w4a16_gemm"
     out = tmp_path / "out"
     shutil.copytree(PUBLISHED.parents[1] / "results" / "h100-sxm", out / "h100-sxm",
                     ignore=shutil.ignore_patterns("logs"))
     opts = schedule.EvalOptions(deck=Path("eval/decks/hard"), submissions=PUBLISHED, out=out)
+    monkeypatch.setattr(schedule, "find_cutlass", lambda: STOCK)
+    assert sol in schedule._graded_solutions(opts, "h100-sxm")  # today's not_reproducible is current
+    path = out / "h100-sxm" / "results.parquet"
+    table = pq.read_table(path)
+    rows = table.to_pylist()
+    row = next(r for r in rows if r["run_id"] == sol)
+    assert row["status"] == "not_reproducible" and row["grader_version"] == "0.5.13"
+    row.update(status="wrong", grader_version="0.5.9", measured_by="kernelboard 0.5.9",
+               message="shape 1 (small prefill) seed 42 case nominal: 393039 of 393216 elements out of tolerance "
+                       "(atol=0.1, rtol=0.1); max abs diff 1319, max rel diff 7.955e+07, worst at (6, 4481): got "
+                       "1320, expected 1.13281; ‖d‖/‖ref‖=305")  # as 0.5.9 wrote it (commit 220a975)
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), path)
     monkeypatch.setattr(schedule, "find_cutlass", lambda: None)  # no CUTLASS: none stood in, nothing moves
     before = schedule._graded_solutions(opts, "h100-sxm")
     monkeypatch.setattr(schedule, "find_cutlass", lambda: STOCK)
     graded = schedule._graded_solutions(opts, "h100-sxm")
-    assert set(before) - set(graded) == {"20260721_150450_codex_gpt-5.6-sol_07_w4a16_gemm"}
+    assert set(before) - set(graded) == {sol}
     assert "20260703_200159_claude_claude-fable-5_07_w4a16_gemm" in graded

@@ -156,6 +156,17 @@ def test_a_check_both_run_failing_on_another_gpu_is_explained_but_counts(deck07)
     assert not crashed.explained  # only a verdict on a named check qualifies
 
 
+def test_a_launch_over_this_gpus_shared_memory_is_another_gpus_difference() -> None:
+    message = ("shape 0 (short context) seed 42 case nominal: OutOfResources: out of resource: shared memory, "
+               "Required: 239616, Hardware limit: 232448. Reducing block sizes or `num_stages` may help.")
+    verdict = classify("runtime_error", message, "pass", "", None, ("h100-sxm", "b200"))
+    assert verdict.kind == "differ" and verdict.explained and not verdict.stronger
+    assert verdict.cause == ("other GPU: a launch of its asks 239,616 B of shared memory, over the 232,448 B a block "
+                             "may have on h100-sxm (Triton refuses it before it runs); passed on b200")
+    assert not classify("runtime_error", message, "pass", "", None, ("h100-sxm", "h100-sxm")).explained
+    assert not classify("runtime_error", message, "pass", "").explained  # GPUs unknown: still to explain
+
+
 def test_the_fresh_seed_is_a_stronger_check(deck07) -> None:
     fresh = max(deck07.seeds) + 1000
     verdict = classify("wrong", f"shape 2 (prefill) seed {fresh} case nominal: 4 of 8192 elements out of tolerance",

@@ -1,0 +1,295 @@
+"""Every load and store of a submission's Triton kernels checked against the memory its launch was given, in
+Triton's interpreter on the CPU, at one of the problem's GPU shapes.
+
+Why: when a kernel faults with an illegal memory access on one GPU and passed on another, there are two
+readings. Either the kernel reaches outside its tensors (its own bug, wherever it runs), or the code the
+compiler made for that GPU faults where the kernel's addresses are all inside its tensors (the compiler's and
+that GPU's, as LongCat-2.0's 07 config showed on the H100). compute-sanitizer tells them apart only on a GPU,
+and names no access where the compiled code itself faults. This needs no GPU: Triton's interpreter runs
+every program of every launch in numpy, and every address a load, store or atomic touches (masked-off
+lanes left out, as the GPU leaves them) is checked against the storage of each tensor the launch was given:
+the allocation a GPU faults outside of. A lane outside every one of them is counted and named (kernel,
+program, and the address as a byte of the argument nearest) and masked off, so one run finds them all.
+The output is judged too, by the problem's nominal rule, against the reference computed on the CPU.
+
+Code written for CUDA runs on the CPU here: device "cuda" in a factory call, `.cuda()` and `.to("cuda")`
+become the CPU (a TorchFunctionMode), and `torch.cuda.synchronize` does nothing; a CUDA graph cannot be made,
+which code that falls back to launching without one survives. Candidate code runs without the grader's
+sandbox: a maintainer's tool for a published kernel, not a grading.
+
+    .venv/bin/python bench/triton_bounds.py data/submissions/hard/RUN_ID --shape 0 [--seed 42] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: every @triton.jit runs in the interpreter
+
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+import torch
+import yaml
+from rich.console import Console
+from rich.table import Table
+from torch.overrides import TorchFunctionMode
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Out-of-bounds lanes kept as examples, per kernel.
+EXAMPLES = 3
+
+
+@dataclass
+class Region:
+    """One tensor argument's storage in a launch: [start, end) in host bytes."""
+
+    name: str
+    start: int
+    end: int
+
+
+@dataclass
+class KernelTally:
+    """What one kernel's launches touched."""
+
+    launches: int = 0
+    programs: int = 0
+    accesses: int = 0  # lanes checked (masked-off lanes are not accesses)
+    outside: int = 0
+    examples: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Bounds:
+    """The tally of a run, by kernel, and the launch under way (its name, program and memory)."""
+
+    kernels: dict[str, KernelTally] = field(default_factory=dict)
+    kernel: str = ""
+    regions: list[Region] = field(default_factory=list)
+
+    def check(self, op: str, addresses: np.ndarray, mask: np.ndarray, itemsize: int, program: tuple) -> np.ndarray:
+        """Count the unmasked lanes of one access, and return the mask with every lane outside the launch's
+        memory turned off (so the interpreter never reads or writes there)."""
+        tally = self.kernels[self.kernel]
+        active = np.broadcast_to(mask, addresses.shape).astype(bool)
+        flat = addresses.astype(np.int64)
+        inside = np.zeros(addresses.shape, dtype=bool)
+        for region in self.regions:
+            inside |= (flat >= region.start) & (flat + itemsize <= region.end)
+        bad = active & ~inside
+        tally.accesses += int(active.sum())
+        if not bad.any():
+            return mask
+        tally.outside += int(bad.sum())
+        for address in flat[bad][: max(0, EXAMPLES - len(tally.examples))]:
+            tally.examples.append(f"{op} of {itemsize} B by program {program}: {self._where(int(address))}")
+        return active & ~bad
+
+    def _where(self, address: int) -> str:
+        """The argument nearest an address outside every one, and the address as a byte of it."""
+        def gap(region: Region) -> int:
+            return region.start - address if address < region.start else address - region.end + 1
+
+        if not self.regions:
+            return f"address {address:#x}, and the launch was given no tensor"
+        region = min(self.regions, key=gap)
+        return f"byte {address - region.start:,} of {region.name}, which has {region.end - region.start:,} B"
+
+
+@contextlib.contextmanager
+def checked_memory(bounds: Bounds) -> Iterator[None]:
+    """Check every address the interpreter's loads, stores and atomics touch (see the module docstring)."""
+    from triton.runtime import interpreter as interp
+
+    builder_class, executor = interp.InterpreterBuilder, interp.GridExecutor
+    saved = {name: getattr(builder_class, name) for name in
+             ("create_masked_load", "create_masked_store", "create_atomic_rmw", "create_atomic_cas")}
+    saved_call, saved_args = executor.__call__, executor._init_args_hst
+
+    def program(builder: Any) -> tuple:
+        return tuple(int(i) for i in (builder.grid_idx or ()))
+
+    def load(self: Any, ptrs: Any, mask: Any, other: Any, *rest: Any) -> Any:
+        itemsize = np.dtype(interp._get_np_dtype(ptrs.get_element_ty())).itemsize
+        mask = interp.TensorHandle(bounds.check("load", ptrs.data, mask.data, itemsize, program(self)), mask.dtype)
+        return saved["create_masked_load"](self, ptrs, mask, other, *rest)
+
+    def store(self: Any, ptrs: Any, value: Any, mask: Any, *rest: Any) -> Any:
+        itemsize = np.dtype(interp._get_np_dtype(ptrs.get_element_ty())).itemsize
+        mask = interp.TensorHandle(bounds.check("store", ptrs.data, mask.data, itemsize, program(self)), mask.dtype)
+        return saved["create_masked_store"](self, ptrs, value, mask, *rest)
+
+    def atomic_rmw(self: Any, op: Any, ptr: Any, val: Any, mask: Any, *rest: Any) -> Any:
+        itemsize = np.dtype(interp._get_np_dtype(ptr.get_element_ty())).itemsize
+        mask = interp.TensorHandle(bounds.check("atomic", ptr.data, mask.data, itemsize, program(self)), mask.dtype)
+        return saved["create_atomic_rmw"](self, op, ptr, val, mask, *rest)
+
+    def atomic_cas(self: Any, ptr: Any, cmp: Any, val: Any, *rest: Any) -> Any:
+        itemsize = np.dtype(interp._get_np_dtype(ptr.get_element_ty())).itemsize
+        everywhere = np.ones(ptr.data.shape, dtype=bool)
+        if not bounds.check("atomic", ptr.data, everywhere, itemsize, program(self)).all():
+            raise RuntimeError(f"{bounds.kernel}: an atomic compare-and-swap outside its tensors (see the tally)")
+        return saved["create_atomic_cas"](self, ptr, cmp, val, *rest)
+
+    def init_args(self: Any, args_dev: Any, kwargs: dict) -> Any:
+        args_hst, kwargs_hst = saved_args(self, args_dev, kwargs)
+        named = [*zip(self.arg_names, args_hst, strict=False), *kwargs_hst.items()]  # positional ones first
+        bounds.regions = [Region(name, t.untyped_storage().data_ptr(),
+                                 t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
+                          for name, t in named if isinstance(t, torch.Tensor)]
+        return args_hst, kwargs_hst
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        bounds.kernel = self.fn.__name__
+        tally = bounds.kernels.setdefault(bounds.kernel, KernelTally())
+        tally.launches += 1
+        result = saved_call(self, *args, **kwargs)
+        grid = interp.interpreter_builder.grid_dim
+        tally.programs += int(np.prod(grid)) if grid else 0
+        return result
+
+    patched = {"create_masked_load": load, "create_masked_store": store, "create_atomic_rmw": atomic_rmw,
+               "create_atomic_cas": atomic_cas}
+    for name, fn in patched.items():
+        setattr(builder_class, name, fn)
+    executor.__call__, executor._init_args_hst = call, init_args
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(builder_class, name, fn)
+        executor.__call__, executor._init_args_hst = saved_call, saved_args
+
+
+@contextlib.contextmanager
+def bf16_dots() -> Iterator[None]:
+    """The interpreter's `tl.dot` on bf16 operands multiplies their bit patterns as integers (Triton 3.6's
+    `create_dot` widens fp8 only; bf16 is held as uint16): widen bf16 to fp32 first, as the tensor cores do."""
+    from triton.runtime import interpreter as interp
+
+    saved = interp.InterpreterBuilder.create_dot
+
+    def widened(handle: Any) -> Any:
+        if handle.dtype.scalar != interp.tl.bfloat16:
+            return handle
+        data = interp._convert_float(handle.data, interp.tl.bfloat16, interp.tl.float32, None).view(np.float32)
+        return interp.TensorHandle(data, interp.tl.float32)
+
+    def dot(self: Any, a: Any, b: Any, *rest: Any) -> Any:
+        return saved(self, widened(a), widened(b), *rest)
+
+    interp.InterpreterBuilder.create_dot = dot
+    try:
+        yield
+    finally:
+        interp.InterpreterBuilder.create_dot = saved
+
+
+def _is_cuda(device: Any) -> bool:
+    return (isinstance(device, str) and device.startswith("cuda")) or (
+        isinstance(device, torch.device) and device.type == "cuda") or (
+        isinstance(device, int) and not isinstance(device, bool))
+
+
+class CudaOnCpu(TorchFunctionMode):
+    """Tensors that code written for CUDA puts on the GPU are put on the CPU instead."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if _is_cuda(kwargs.get("device")):
+            kwargs["device"] = "cpu"
+        if func is torch.Tensor.to:
+            args = tuple("cpu" if i > 0 and _is_cuda(a) else a for i, a in enumerate(args))
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def cuda_on_cpu() -> Iterator[None]:
+    """`CudaOnCpu`, with `torch.cuda.synchronize` a no-op (there is nothing to wait for)."""
+    saved = torch.cuda.synchronize
+    torch.cuda.synchronize = lambda *args, **kwargs: None
+    try:
+        with CudaOnCpu():
+            yield
+    finally:
+        torch.cuda.synchronize = saved
+
+
+def run(folder: Path, deck: Path, shape_index: int, seed: int, shapes_of: str) -> dict[str, Any]:
+    """The tally and the verdict of one call of the submission at a shape (see the module docstring)."""
+    from kernelboard.eval.deck import load_problem
+    from kernelboard.eval.judge import judge_values
+    from kernelboard.eval.plan import apply_shape, build_model, draw_inputs, import_file, install_shapes_module
+
+    meta = yaml.safe_load((folder / "run.yaml").read_text()) if (folder / "run.yaml").is_file() else None
+    if not isinstance(meta, dict) or "problem" not in meta:
+        raise click.ClickException(f"{folder}: no run.yaml naming its problem")
+    problem = load_problem(deck / meta["problem"])
+    shapes = problem.shapes_for(shapes_of)
+    if not 0 <= shape_index < len(shapes):
+        raise click.ClickException(f"{problem.name} has {len(shapes)} {shapes_of} shapes: --shape {shape_index} "
+                                   f"is not one of 0–{len(shapes) - 1}")
+    shape = shapes[shape_index]
+    sys.path[:0] = [str(folder), str(problem.folder)]
+    os.chdir(folder)
+    reference = import_file("reference", problem.reference_path)
+    install_shapes_module(problem.shapes)
+    apply_shape(reference, problem, shape)
+    bounds = Bounds()
+    with torch.no_grad(), cuda_on_cpu():
+        init = list(reference.get_init_inputs())
+        ref = build_model(reference, init, "cpu")
+        inputs = draw_inputs(reference, seed, "cpu")
+        expected = ref(*inputs)
+        solution = import_file("solution", folder / "solution.py")
+        model = build_model(solution, init, "cpu", problem.solution_class)
+        if problem.weight_transfer == "state_dict":
+            model.load_state_dict(ref.state_dict(), strict=True)
+        with checked_memory(bounds), bf16_dots():
+            got = model(*inputs)
+    outs = got if isinstance(got, tuple) else (got,)
+    verdict = judge_values(problem, expected, tuple(o.cpu() for o in outs), inputs, None)
+    return {"submission": folder.name, "problem": problem.name, "shape": shape_index, "shapes_of": shapes_of,
+            "shape_label": getattr(shape, "label", str(shape_index)), "seed": seed,
+            "values": "right" if verdict.ok else f"wrong: {verdict.message}",
+            "kernels": {name: asdict(tally) for name, tally in bounds.kernels.items()}}
+
+
+@click.command()
+@click.argument("submission", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--deck", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=ROOT / "eval" / "decks" / "hard", show_default=True)
+@click.option("--shape", "shape_index", type=int, default=0, show_default=True, help="The shape's index.")
+@click.option("--shapes-of", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
+              help="Whose shapes: the GPU's (what a GPU grading calls it on) or the CPU's (smaller, faster here).")
+@click.option("--seed", type=int, default=42, show_default=True, help="The inputs' seed (the deck's first is 42).")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), help="Write the tally here too.")
+def main(submission: Path, deck: Path, shape_index: int, shapes_of: str, seed: int, json_out: Path | None) -> None:
+    """Check every address SUBMISSION's Triton kernels touch at one shape, in the interpreter."""
+    answer = run(submission.resolve(), deck.resolve(), shape_index, seed, shapes_of)
+    table = Table(title=f"{answer['submission']}, {shapes_of} shape {shape_index} ({answer['shape_label']}), "
+                        f"seed {seed}: every address checked", title_justify="left")
+    for column in ("kernel", "launches", "programs", "accesses", "outside", "first outside"):
+        table.add_column(column, overflow="fold")
+    for name, tally in answer["kernels"].items():
+        table.add_row(name, str(tally["launches"]), f"{tally['programs']:,}", f"{tally['accesses']:,}",
+                      f"{tally['outside']:,}", "; ".join(tally["examples"]) or "—")
+    console = Console()
+    console.print(table if answer["kernels"] else f"{answer['submission']}: it launched no Triton kernel")
+    console.print(f"its output: {answer['values']}")
+    if json_out is not None:
+        json_out.write_text(json.dumps(answer, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""bench/triton_bounds.py: every address a solution's Triton kernels touch, checked in the interpreter on the CPU.
+
+A kernel written here for 07 passes the reference's output through a bf16 `tl.dot` with the identity, into a
+buffer its constructor puts on "cuda" (as published kernels do): it must run here, on the CPU, and give the
+reference's values (Triton 3.6's interpreter multiplies bf16 bit patterns as integers unless the tool widens
+them). The same kernel with its row mask left off reads past the end of its input: the tool counts those lanes,
+names the argument and how far past its end, masks them off (no crash) and judges the output wrong."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SOLUTION = '''
+import torch
+import triton
+import triton.language as tl
+
+from reference import Model as _Reference, get_inputs, get_init_inputs  # noqa: F401
+
+
+@triton.jit
+def _through_identity(x_ptr, out_ptr, rows, ROW_MASK: tl.constexpr):
+    r = tl.program_id(0) * 16 + tl.arange(0, 16)[:, None]
+    c = tl.arange(0, 16)[None, :]
+    inside = (r < rows) if ROW_MASK else (c < 16)
+    x = tl.load(x_ptr + r * 16 + c, mask=inside, other=0.0)
+    eye = tl.where(tl.arange(0, 16)[:, None] == tl.arange(0, 16)[None, :], 1.0, 0.0).to(tl.bfloat16)
+    tl.store(out_ptr + r * 16 + c, tl.dot(x, eye), mask=r < rows)
+
+
+class Model(_Reference):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.scratch = torch.empty(4096, device="cuda", dtype=torch.float32)  # a buffer on the GPU
+
+    def forward(self, x):
+        out = super().forward(x).contiguous()
+        rows = out.numel() // 16
+        _through_identity[(triton.cdiv(rows, 16),)](out, self.scratch, rows, ROW_MASK=MASKED)
+        return self.scratch[: out.numel()].view(out.shape).to(out.dtype)
+'''
+
+
+def _run(tmp_path: Path, masked: bool) -> dict:
+    sub = tmp_path / ("masked" if masked else "unmasked")
+    sub.mkdir()
+    (sub / "solution.py").write_text(SOLUTION.replace("MASKED", str(masked)))
+    (sub / "run.yaml").write_text("problem: 07_w4a16_gemm\nmodel: t\nharness: pytest\nagent_outcome: completed\n")
+    out = tmp_path / f"{sub.name}.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "triton_bounds.py"), str(sub), "--shapes-of", "cpu",
+                           "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "its output: right" in proc.stdout
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_every_address_is_checked_and_one_past_the_end_is_named(tmp_path: Path, masked: bool) -> None:
+    pytest.importorskip("triton")
+    answer = _run(tmp_path, masked)
+    assert (answer["shapes_of"], answer["shape"], answer["shape_label"]) == ("cpu", 0, "cpu decode")
+    tally = answer["kernels"]["_through_identity"]
+    # cpu decode: M 1, N 64 -> 4 rows of 16 bf16 (128 B), one program of 16 rows
+    assert tally["launches"] == 1 and tally["programs"] == 1
+    # Right either way: the bf16 dot is widened (the interpreter's own would multiply integers), the stores
+    # are masked, and the rows read past the end were masked off (read as 0), never read from other memory.
+    assert answer["values"] == "right"
+    if masked:
+        assert tally["outside"] == 0 and tally["examples"] == []
+        assert tally["accesses"] == 2 * 4 * 16  # each element loaded once and stored once
+    else:
+        assert tally["outside"] == 12 * 16  # rows 4-15 of the one tile, every column
+        assert tally["accesses"] == 16 * 16 + 4 * 16
+        assert tally["examples"][0] == "load of 2 B by program (0, 0, 0): byte 128 of x_ptr, which has 128 B"
+        assert len(tally["examples"]) == 3
+
+
+def test_a_folder_without_its_problem_is_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "triton_bounds.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "no run.yaml naming its problem" in proc.stderr
+    assert "Traceback" not in proc.stderr
