@@ -10,7 +10,10 @@ every program of every launch in numpy, and every address a load, store or atomi
 lanes left out, as the GPU leaves them) is checked against the storage of each tensor the launch was given:
 the allocation a GPU faults outside of. A lane outside every one of them is counted and named (kernel,
 program, and the address as a byte of the argument nearest) and masked off, so one run finds them all.
-The output is judged too, by the problem's nominal rule, against the reference computed on the CPU.
+The output is judged too, by the problem's nominal rule, against the reference computed on the CPU. An
+autotuner launches each of its configs once, as its benchmark does on a GPU, and each launch is tallied
+under its kernel's name and the constexpr values given as keywords (a config's block sizes); num_warps and
+num_stages move no address (the interpreter runs a program whole), so configs differing only there are one.
 
 Code written for CUDA runs on the CPU here: device "cuda" in a factory call, `.cuda()` and `.to("cuda")`
 become the CPU (a TorchFunctionMode), and `torch.cuda.synchronize` does nothing; a CUDA graph cannot be made,
@@ -148,7 +151,8 @@ def checked_memory(bounds: Bounds) -> Iterator[None]:
         return args_hst, kwargs_hst
 
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        bounds.kernel = self.fn.__name__
+        tuned = ", ".join(f"{k}={v}" for k, v in kwargs.items() if k in self.constexprs and isinstance(v, int))
+        bounds.kernel = f"{self.fn.__name__}[{tuned}]" if tuned else self.fn.__name__
         tally = bounds.kernels.setdefault(bounds.kernel, KernelTally())
         tally.launches += 1
         result = saved_call(self, *args, **kwargs)
@@ -191,6 +195,25 @@ def bf16_dots() -> Iterator[None]:
         yield
     finally:
         interp.InterpreterBuilder.create_dot = saved
+
+
+@contextlib.contextmanager
+def every_config_launched() -> Iterator[None]:
+    """On a GPU an autotuner launches every config in its benchmark, so any of them can fault there; the
+    interpreter has no benchmarker. Each config is launched once and all are timed alike (the first is kept)."""
+    from triton.runtime.autotuner import Autotuner
+
+    saved = Autotuner.__dict__["do_bench"]
+
+    def once(kernel_call: Any, quantiles: tuple | None = None, **_: Any) -> Any:
+        kernel_call()
+        return [1.0] * len(quantiles) if quantiles else 1.0
+
+    Autotuner.do_bench = property(lambda self: once)
+    try:
+        yield
+    finally:
+        Autotuner.do_bench = saved
 
 
 def _is_cuda(device: Any) -> bool:
@@ -255,7 +278,7 @@ def run(folder: Path, deck: Path, shape_index: int, seed: int, shapes_of: str) -
         model = build_model(solution, init, "cpu", problem.solution_class)
         if problem.weight_transfer == "state_dict":
             model.load_state_dict(ref.state_dict(), strict=True)
-        with checked_memory(bounds), bf16_dots():
+        with checked_memory(bounds), bf16_dots(), every_config_launched():
             got = model(*inputs)
     outs = got if isinstance(got, tuple) else (got,)
     verdict = judge_values(problem, expected, tuple(o.cpu() for o in outs), inputs, None)

@@ -66,7 +66,8 @@ def test_every_address_is_checked_and_one_past_the_end_is_named(tmp_path: Path, 
     pytest.importorskip("triton")
     answer = _run(tmp_path, masked)
     assert (answer["shapes_of"], answer["shape"], answer["shape_label"]) == ("cpu", 0, "cpu decode")
-    tally = answer["kernels"]["_through_identity"]
+    # named with the constexpr values given as keywords, as an autotuner's config gives its block sizes
+    tally = answer["kernels"][f"_through_identity[ROW_MASK={masked}]"]
     # cpu decode: M 1, N 64 -> 4 rows of 16 bf16 (128 B), one program of 16 rows
     assert tally["launches"] == 1 and tally["programs"] == 1
     # Right either way: the bf16 dot is widened (the interpreter's own would multiply integers), the stores
@@ -87,3 +88,48 @@ def test_a_folder_without_its_problem_is_one_line(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "no run.yaml naming its problem" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+TUNED = '''
+import torch
+import triton
+import triton.language as tl
+
+from reference import Model as _Reference, get_inputs, get_init_inputs  # noqa: F401
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128})], key=["n"])
+@triton.jit
+def _copy(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * 64 + tl.arange(0, BLOCK)  # BLOCK 128 strides by 64: its last program reads past n
+    tl.store(out_ptr + i, tl.load(x_ptr + i, mask=i < n + (BLOCK - 64)), mask=i < n)
+
+
+class Model(_Reference):
+    def forward(self, x):
+        out = super().forward(x).float().contiguous()
+        copy = torch.empty_like(out)
+        _copy[(triton.cdiv(out.numel(), 64),)](out, copy, out.numel())
+        return copy.to(x.dtype)
+'''
+
+
+def test_every_config_of_an_autotuner_is_launched_and_tallied_apart(tmp_path: Path) -> None:
+    """As on a GPU, where the autotuner's benchmark launches every config and any one can fault (LongCat-2.0's
+    07 config 8 on the H100): each config runs once, and only the one that reads past the end is named."""
+    pytest.importorskip("triton")
+    sub = tmp_path / "tuned"
+    sub.mkdir()
+    (sub / "solution.py").write_text(TUNED)
+    (sub / "run.yaml").write_text("problem: 07_w4a16_gemm\nmodel: t\nharness: pytest\nagent_outcome: completed\n")
+    out = tmp_path / "tuned.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "triton_bounds.py"), str(sub), "--shapes-of", "cpu",
+                           "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    kernels = json.loads(out.read_text())["kernels"]
+    # cpu decode: 64 fp32 outputs (256 B), one program. The autotuner launches each config once in its
+    # benchmark, then the first (all timed alike) once more for the call itself.
+    assert set(kernels) == {"_copy[BLOCK=64]", "_copy[BLOCK=128]"}
+    assert kernels["_copy[BLOCK=64]"]["launches"] == 2 and kernels["_copy[BLOCK=64]"]["outside"] == 0
+    assert kernels["_copy[BLOCK=128]"]["launches"] == 1 and kernels["_copy[BLOCK=128]"]["outside"] == 64
+    assert kernels["_copy[BLOCK=128]"]["examples"][0].endswith("byte 256 of x_ptr, which has 256 B")
