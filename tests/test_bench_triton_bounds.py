@@ -48,23 +48,24 @@ class Model(_Reference):
 '''
 
 
-def _run(tmp_path: Path, masked: bool) -> dict:
-    sub = tmp_path / ("masked" if masked else "unmasked")
+def _bounds(tmp_path: Path, name: str, source: str) -> tuple[dict, str]:
+    """bench/triton_bounds.py's JSON answer and its printout for SOURCE as a 07 solution, at the CPU's shape 0."""
+    sub = tmp_path / name
     sub.mkdir()
-    (sub / "solution.py").write_text(SOLUTION.replace("MASKED", str(masked)))
+    (sub / "solution.py").write_text(source)
     (sub / "run.yaml").write_text("problem: 07_w4a16_gemm\nmodel: t\nharness: pytest\nagent_outcome: completed\n")
-    out = tmp_path / f"{sub.name}.json"
+    out = tmp_path / f"{name}.json"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "triton_bounds.py"), str(sub), "--shapes-of", "cpu",
                            "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    assert "its output: right" in proc.stdout
-    return json.loads(out.read_text())
+    return json.loads(out.read_text()), proc.stdout
 
 
 @pytest.mark.parametrize("masked", [True, False])
 def test_every_address_is_checked_and_one_past_the_end_is_named(tmp_path: Path, masked: bool) -> None:
     pytest.importorskip("triton")
-    answer = _run(tmp_path, masked)
+    answer, printed = _bounds(tmp_path, "masked" if masked else "unmasked", SOLUTION.replace("MASKED", str(masked)))
+    assert "its output: right" in printed
     assert (answer["shapes_of"], answer["shape"], answer["shape_label"]) == ("cpu", 0, "cpu decode")
     # named with the constexpr values given as keywords, as an autotuner's config gives its block sizes
     tally = answer["kernels"][f"_through_identity[ROW_MASK={masked}]"]
@@ -118,15 +119,7 @@ def test_every_config_of_an_autotuner_is_launched_and_tallied_apart(tmp_path: Pa
     """As on a GPU, where the autotuner's benchmark launches every config and any one can fault (LongCat-2.0's
     07 config 8 on the H100): each config runs once, and only the one that reads past the end is named."""
     pytest.importorskip("triton")
-    sub = tmp_path / "tuned"
-    sub.mkdir()
-    (sub / "solution.py").write_text(TUNED)
-    (sub / "run.yaml").write_text("problem: 07_w4a16_gemm\nmodel: t\nharness: pytest\nagent_outcome: completed\n")
-    out = tmp_path / "tuned.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "triton_bounds.py"), str(sub), "--shapes-of", "cpu",
-                           "--json", str(out)], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    kernels = json.loads(out.read_text())["kernels"]
+    kernels = _bounds(tmp_path, "tuned", TUNED)[0]["kernels"]
     # cpu decode: 64 fp32 outputs (256 B), one program. The autotuner launches each config once in its
     # benchmark, then the first (all timed alike) once more for the call itself.
     assert set(kernels) == {"_copy[BLOCK=64]", "_copy[BLOCK=128]"}
