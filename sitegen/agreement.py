@@ -20,8 +20,10 @@ source board, the two verdicts are compared as pass / not pass (`eval.schema.STA
   numeric stress case included when theirs graded the kernel before it ran any
   (`THEIRS_NUMERIC_STRESS_SINCE`). A `wrong` on a check both graders run, where theirs graded the kernel
   on another GPU, is the class "other GPU" and counts against the figure (the kernel behaves differently
-  there; why is for its run page's log). A difference no rule explains gets an honest "(to explain)"
-  class and `explained=False`, which the methodology page flags: it is never hidden in a catch-all. A
+  there; why is for its run page's log), and so is a `runtime_error` in which Triton refuses a launch for
+  more shared memory than our GPU gives a block (a kernel tiled for the other GPU). A difference no rule
+  explains gets an honest "(to explain)" class and `explained=False`, which the methodology page flags: it
+  is never hidden in a catch-all. A
   difference whose cause the two verdicts cannot show but the published files do carries that evidence
   (`EVIDENCE`, by run) beside its class, and counts where its class does. A difference that is our
   grader's limit (`OUR_LIMITS`, by run: a check of ours that refuses what it should not) is classed
