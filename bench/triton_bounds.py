@@ -251,6 +251,7 @@ def cuda_on_cpu() -> Iterator[None]:
 def run(folder: Path, deck: Path, shape_index: int, seed: int, shapes_of: str) -> dict[str, Any]:
     """The tally and the verdict of one call of the submission at a shape (see the module docstring)."""
     from kernelboard.eval.deck import load_problem
+    from kernelboard.eval.failure import one_line
     from kernelboard.eval.judge import judge_values
     from kernelboard.eval.plan import apply_shape, build_model, draw_inputs, import_file, install_shapes_module
 
@@ -269,22 +270,28 @@ def run(folder: Path, deck: Path, shape_index: int, seed: int, shapes_of: str) -
     install_shapes_module(problem.shapes)
     apply_shape(reference, problem, shape)
     bounds = Bounds()
-    with torch.no_grad(), cuda_on_cpu():
-        init = list(reference.get_init_inputs())
-        ref = build_model(reference, init, "cpu")
-        inputs = draw_inputs(reference, seed, "cpu")
-        expected = ref(*inputs)
-        solution = import_file("solution", folder / "solution.py")
-        model = build_model(solution, init, "cpu", problem.solution_class)
-        if problem.weight_transfer == "state_dict":
-            model.load_state_dict(ref.state_dict(), strict=True)
-        with checked_memory(bounds), bf16_dots(), every_config_launched():
-            got = model(*inputs)
-    outs = got if isinstance(got, tuple) else (got,)
-    verdict = judge_values(problem, expected, tuple(o.cpu() for o in outs), inputs, None)
+    stage = "its import"
+    try:  # the candidate's code: whatever it raises is its answer (one line), with what its launches touched
+        with torch.no_grad(), cuda_on_cpu():
+            init = list(reference.get_init_inputs())
+            ref = build_model(reference, init, "cpu")
+            inputs = draw_inputs(reference, seed, "cpu")
+            expected = ref(*inputs)
+            solution = import_file("solution", folder / "solution.py")
+            stage = "building its Model"
+            model = build_model(solution, init, "cpu", problem.solution_class)
+            if problem.weight_transfer == "state_dict":
+                model.load_state_dict(ref.state_dict(), strict=True)
+            stage = "its call"
+            with checked_memory(bounds), bf16_dots(), every_config_launched():
+                got = model(*inputs)
+        outs = got if isinstance(got, tuple) else (got,)
+        verdict = judge_values(problem, expected, tuple(o.cpu() for o in outs), inputs, None)
+        values = "right" if verdict.ok else f"wrong: {verdict.message}"
+    except Exception as exc:
+        values = f"not judged: {stage} raised {one_line(type(exc).__name__, str(exc))}"
     return {"submission": folder.name, "problem": problem.name, "shape": shape_index, "shapes_of": shapes_of,
-            "shape_label": getattr(shape, "label", str(shape_index)), "seed": seed,
-            "values": "right" if verdict.ok else f"wrong: {verdict.message}",
+            "shape_label": getattr(shape, "label", str(shape_index)), "seed": seed, "values": values,
             "kernels": {name: asdict(tally) for name, tally in bounds.kernels.items()}}
 
 

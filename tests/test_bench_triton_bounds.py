@@ -126,3 +126,13 @@ def test_every_config_of_an_autotuner_is_launched_and_tallied_apart(tmp_path: Pa
     assert kernels["_copy[BLOCK=64]"]["launches"] == 2 and kernels["_copy[BLOCK=64]"]["outside"] == 0
     assert kernels["_copy[BLOCK=128]"]["launches"] == 1 and kernels["_copy[BLOCK=128]"]["outside"] == 64
     assert kernels["_copy[BLOCK=128]"]["examples"][0].endswith("byte 256 of x_ptr, which has 256 B")
+
+
+def test_a_solution_that_raises_is_one_line_beside_what_its_launches_touched(tmp_path: Path) -> None:
+    pytest.importorskip("triton")
+    source = SOLUTION.replace("MASKED", "True").replace(
+        "        return self.scratch", "        raise RuntimeError('the solution gave up')\n        return self.scratch")
+    answer, printed = _bounds(tmp_path, "raises", source)
+    assert answer["values"] == "not judged: its call raised RuntimeError: the solution gave up"
+    assert answer["kernels"]["_through_identity[ROW_MASK=True]"]["launches"] == 1  # what ran before it raised
+    assert "Traceback" not in printed
