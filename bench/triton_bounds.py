@@ -175,26 +175,14 @@ def checked_memory(bounds: Bounds) -> Iterator[None]:
 
 @contextlib.contextmanager
 def bf16_dots() -> Iterator[None]:
-    """The interpreter's `tl.dot` on bf16 operands multiplies their bit patterns as integers (Triton 3.6's
-    `create_dot` widens fp8 only; bf16 is held as uint16): widen bf16 to fp32 first, as the tensor cores do."""
-    from triton.runtime import interpreter as interp
+    """bf16 `tl.dot`s widened to fp32, as a CPU grading's runner has them (kernelboard.eval.interpreter)."""
+    from kernelboard.eval.interpreter import widen_bf16_dots
 
-    saved = interp.InterpreterBuilder.create_dot
-
-    def widened(handle: Any) -> Any:
-        if handle.dtype.scalar != interp.tl.bfloat16:
-            return handle
-        data = interp._convert_float(handle.data, interp.tl.bfloat16, interp.tl.float32, None).view(np.float32)
-        return interp.TensorHandle(data, interp.tl.float32)
-
-    def dot(self: Any, a: Any, b: Any, *rest: Any) -> Any:
-        return saved(self, widened(a), widened(b), *rest)
-
-    interp.InterpreterBuilder.create_dot = dot
+    undo = widen_bf16_dots()
     try:
         yield
     finally:
-        interp.InterpreterBuilder.create_dot = saved
+        undo()
 
 
 @contextlib.contextmanager

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from . import audit, origins
+from . import audit, interpreter, origins
 from .correctness import PROBE_ELEMENTS, probe, probe_positions
 from .deck import load_problem
 from .plan import apply_shape, build_model, import_file, install_shapes_module, scaled_positions, scaled_state
@@ -453,6 +453,8 @@ def serve(sock: socket.socket, setup: dict[str, Any]) -> None:
     """The runner's main loop: a hello with torch's global switches (before any candidate code
     runs), then one reply per request until the judge closes the socket."""
     _detach(setup.get("parent_pid"))
+    if interpreter.interpreting():  # a CPU grading: its bf16 dots computed as a GPU computes them
+        interpreter.widen_bf16_dots()
     chan = Channel(sock)
     try:
         runner = _Runner(setup)

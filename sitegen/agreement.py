@@ -127,10 +127,12 @@ EVIDENCE: dict[str, str] = {
         "autotuner's first call faults with an illegal memory access. bench/autotune_configs.py --shape 0 ran "
         "each of its 9 configs alone in a fresh process (2026-12-05, H100 80GB HBM3): 8 give the reference's "
         "output, and config 8 (BM 64, BN 32, BK 128, 4 warps, 4 stages) faults alone (run under "
-        "compute-sanitizer's memcheck, it faults again and memcheck names no out-of-bounds access). Read from "
-        "its code, every address that config touches is inside its tensors at every 07 shape "
-        "(x and the packed weights masked on M and K, N a multiple of every BN): the fault is in Triton's "
-        "sm_90 code for that tile, which the autotuner benchmarks whichever config would win"),
+        "compute-sanitizer's memcheck, it faults again and memcheck names no out-of-bounds access). "
+        "bench/triton_bounds.py --shape 0 launched each config in Triton's interpreter with every address "
+        "checked (2026-12-06): config 8's 27.5 million addresses, like each other config's, are all inside its "
+        "tensors, and the output is right. Read from its code, the same holds at every 07 shape (x and the "
+        "packed weights masked on M and K, N a multiple of every BN): the fault is in Triton's sm_90 code for "
+        "that tile, which the autotuner benchmarks whichever config would win"),
     "20260802_045225_or-fable_deepseek_deepseek-v4-flash-0731_02_kda_cutlass": (
         "other GPU: theirs graded it on an RTX PRO 6000 (sm_120); on an H100 (sm_90, Triton 3.6.0) its first "
         "call faults with an illegal memory access. bench/triton_bounds.py ran its three kernels (fixed "

@@ -130,8 +130,9 @@ def test_every_config_of_an_autotuner_is_launched_and_tallied_apart(tmp_path: Pa
 
 def test_a_solution_that_raises_is_one_line_beside_what_its_launches_touched(tmp_path: Path) -> None:
     pytest.importorskip("triton")
-    source = SOLUTION.replace("MASKED", "True").replace(
-        "        return self.scratch", "        raise RuntimeError('the solution gave up')\n        return self.scratch")
+    last = "        return self.scratch"
+    gives_up = "        raise RuntimeError('the solution gave up')\n"
+    source = SOLUTION.replace("MASKED", "True").replace(last, gives_up + last)
     answer, printed = _bounds(tmp_path, "raises", source)
     assert answer["values"] == "not judged: its call raised RuntimeError: the solution gave up"
     assert answer["kernels"]["_through_identity[ROW_MASK=True]"]["launches"] == 1  # what ran before it raised
