@@ -10,6 +10,8 @@ every program of every launch in numpy, and every address a load, store or atomi
 lanes left out, as the GPU leaves them) is checked against the storage of each tensor the launch was given:
 the allocation a GPU faults outside of. A lane outside every one of them is counted and named (kernel,
 program, and the address as a byte of the argument nearest) and masked off, so one run finds them all.
+(A kernel that loads its pointers from a tensor, an array of addresses, reaches memory the launch was not
+given as a tensor: those lanes count as outside, and the examples say where.)
 The output is judged too, by the problem's nominal rule, against the reference computed on the CPU. An
 autotuner launches each of its configs once, as its benchmark does on a GPU, and each launch is tallied
 under its kernel's name and the constexpr values given as keywords (a config's block sizes); num_warps and
