@@ -94,7 +94,8 @@ if [ -n "${IDS:-}" ]; then
     echo "== grading ${1/#all/every ungraded run of $DECK} ($(( ${#only[@]} / 2 )) run ids, $(( ${#excluded[@]} / 2 )) exclusions) into a" \
       "folder seeded from $SEED ($(left) s left)"
     timeout -s INT "$(left)" .venv-eval/bin/kernelboard eval --deck eval/decks/$DECK --submissions data/submissions/$DECK \
-      --out $WORK/res --resume "${only[@]}" "${excluded[@]}" ${EVAL_ARGS:-} 2>&1 | grep -v "^\s*$" | tail -80
+      --out $WORK/res --resume --stop-at $(( T0 + DEADLINE )) "${only[@]}" "${excluded[@]}" ${EVAL_ARGS:-} 2>&1 \
+      | grep -v "^\s*$" | tail -80
     echo "== eval exited ${PIPESTATUS[0]} at $(( $(date +%s) - T0 )) s"
   }
   G0=$(date +%s)

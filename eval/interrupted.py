@@ -8,7 +8,8 @@ written to `<out>/<gpu>/interrupted.json` with how long it ran (its build and it
 it was in; the batch queue puts the runs that had run `HOLD_BACK_AFTER_S` or more after every other,
 least-run first (a run cut sooner is where the deadline fell and keeps its place), and a finished
 grading of the same solution removes the record. `eval merge` carries the records, so the next session
-knows them too.
+knows them too. Given the batch's end (`--stop-at`), a held run is not started where each of its attempts
+ran longer than what is left (`schedule.too_late`): it would be cut again, its GPU time spent for nothing.
 
 The file is scheduling state, not a measurement: nothing on the site reads it.
 """

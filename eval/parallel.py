@@ -140,6 +140,7 @@ def _child_args(opts: EvalOptions, out: Path, run_ids: list[str]) -> list[str]:
     args += ["--regrade"] if opts.regrade else []
     args += [] if opts.prebuild is None else ["--prebuild" if opts.prebuild else "--no-prebuild"]
     args += [] if opts.build_ahead is None else ["--build-ahead", str(opts.build_ahead)]
+    args += [] if opts.stop_at is None else ["--stop-at", repr(opts.stop_at)]
     for variant in opts.skip_baselines:
         args += ["--skip-baseline", variant]
     for run_id in run_ids:

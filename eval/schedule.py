@@ -98,6 +98,8 @@ class EvalOptions:
     unsandboxed: bool = False  # run candidate code without bubblewrap (rows say so)
     baselines_only: bool = False  # measure the baselines of the selected runs' problems, grade nothing
     #   (`--gpus` measures them so, once per GPU model, before spreading the runs over the GPUs)
+    stop_at: float | None = None  # when the batch will be cut (epoch seconds: a GPU call's deadline): a run
+    #   held back is not started where its earlier attempts each ran longer than what is left (`too_late`)
 
     @property
     def phase_timeouts(self) -> dict[str, float]:
@@ -545,6 +547,13 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
                     time.sleep(0.25)
                     continue
                 sub, problem, ahead_of, build = taken
+                late = too_late(held.get(sub.run_id), opts.stop_at)
+                if late is not None:
+                    progress.console.print(f"  {sub.run_id}: not started: {late}")
+                    if build is not None:
+                        finish_prebuild(build, 0)
+                    progress.advance(task)
+                    continue
                 if ahead_of:
                     progress.console.print(f"  {sub.run_id}: graded ahead of {ahead_of}, whose build is still "
                                            f"running")
@@ -569,6 +578,22 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
     if rows:
         _console.print(summary_table(rows))
     return rows
+
+
+def too_late(record: Interruption | None, stop_at: float | None, now: float | None = None) -> str | None:
+    """Why a run held back is not started (None: it is), where the batch will be cut at `stop_at`: each of
+    its earlier attempts ran longer, on average, than what is left, so this one would be cut again, its GPU
+    time spent for nothing (deepseek-v4-pro 02 125550, a max-autotune torch.compile, ran 348 s into its first
+    shape's checks before an H100 call's deadline). It waits for a call that starts with it: graded last, it
+    goes first once nothing else is left, with the whole call before it."""
+    if record is None or stop_at is None:
+        return None
+    left = stop_at - (time.time() if now is None else now)
+    each = record.seconds / max(record.times, 1)
+    if left >= each:
+        return None
+    return (f"{record.summary()}, {each:.0f} s an attempt, and this batch ends in {max(left, 0):.0f} s "
+            f"(--stop-at): a call that starts with it grades it")
 
 
 @contextlib.contextmanager

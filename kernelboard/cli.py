@@ -103,6 +103,10 @@ def _os_errors_are_one_line(command: Callable[..., Any]) -> Callable[..., Any]:
               help="Grade on these CUDA devices at once (e.g. 0,1): one grader process per GPU; each "
                    "problem's baselines measured once per GPU model, then the runs spread across the GPUs; "
                    "results merged into --out.")
+@click.option("--stop-at", "stop_at", type=float, default=None, metavar="EPOCH",
+              help="When this batch will be cut (seconds since the epoch: a GPU call's deadline). A run held back "
+                   "after long interrupted gradings is not started where each of them ran longer than what is "
+                   "left then.")
 @click.option("--baselines-only", is_flag=True,
               help="Measure the baselines of the selected runs' problems (those not cached yet) and grade nothing.")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",

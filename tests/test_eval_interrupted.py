@@ -30,7 +30,7 @@ from kernelboard.eval.interrupted import (
     write_records,
 )
 from kernelboard.eval.merge import merge_results
-from kernelboard.eval.schedule import EvalOptions, run_eval
+from kernelboard.eval.schedule import EvalOptions, run_eval, too_late
 from kernelboard.eval.settings import HOLD_BACK_AFTER_S
 from kernelboard.eval.tables import read_table, table_path
 
@@ -139,9 +139,9 @@ def test_the_batch_cut_off_records_the_run_it_was_grading(cut_off: Path) -> None
     assert raw["a_stalls"]["solution_sha256"] == entry.solution_sha256
 
 
-def _next_batch(cut_off: Path, results: Path) -> list[dict]:
+def _next_batch(cut_off: Path, results: Path, stop_at: float | None = None) -> list[dict]:
     return run_eval(EvalOptions(deck=DECK, submissions=cut_off / "submissions", out=results, device="cpu",
-                                resume=True, timeout_s=15.0, build_timeout_s=10.0, rep_ms=20.0))
+                                resume=True, timeout_s=15.0, build_timeout_s=10.0, rep_ms=20.0, stop_at=stop_at))
 
 
 def test_a_run_cut_off_soon_after_it_started_keeps_its_place(cut_off: Path, tmp_path: Path) -> None:
@@ -153,6 +153,19 @@ def test_a_run_cut_off_soon_after_it_started_keeps_its_place(cut_off: Path, tmp_
     rows = _next_batch(cut_off, results)
     assert [(r["run_id"], r["status"]) for r in rows] == [("a_stalls", "timeout"), ("b_honest", "pass")]
     assert read_records(results, GPU) == ({}, None)  # graded whole: its record is gone
+
+
+def test_a_held_run_too_long_for_what_is_left_is_not_started_and_keeps_its_record(cut_off: Path,
+                                                                                  tmp_path: Path) -> None:
+    """Before the next test, which grades the shared folder in place."""
+    results = tmp_path / "results"
+    shutil.copytree(cut_off / "results", results)
+    cut = read_records(results, GPU)[0]["a_stalls"]
+    held = Interruption(cut.solution_sha256, 1, 400.0, "correctness", cut.last_at)  # a long first call's cut
+    write_records(results, GPU, {"a_stalls": held})
+    rows = _next_batch(cut_off, results, stop_at=time.time() + 120)  # b_honest fits; a_stalls' 400 s do not
+    assert [(r["run_id"], r["status"]) for r in rows] == [("b_honest", "pass")]
+    assert read_records(results, GPU) == ({"a_stalls": held}, None)  # not graded, not cut: the record stands
 
 
 def test_the_next_batch_grades_a_long_one_last_and_forgets_it_once_graded(cut_off: Path, tmp_path: Path) -> None:
@@ -173,6 +186,17 @@ def test_the_next_batch_grades_a_long_one_last_and_forgets_it_once_graded(cut_of
     statuses = {r["run_id"]: r["status"] for r in read_table(table_path(results, GPU, "results"),
                                                               "results").to_pylist()}
     assert statuses == {"b_honest": "pass", "a_stalls": "timeout"}
+
+
+def test_a_held_run_is_started_only_where_an_attempt_fits_before_the_batch_ends() -> None:
+    record = Interruption("sha", 2, 700.0, "correctness", "2026-12-06T05:04:29+00:00")  # 350 s an attempt
+    assert too_late(None, 1000.0, now=0.0) is None  # not held: it goes whatever is left
+    assert too_late(record, None, now=0.0) is None  # no --stop-at: nothing is known of the batch's end
+    assert too_late(record, 350.0, now=0.0) is None  # an attempt fits
+    why = too_late(record, 1349.0, now=1000.0)
+    assert why == ("interrupted 2 times (700 s in all; last in 'correctness'), 350 s an attempt, and this batch "
+                   "ends in 349 s (--stop-at): a call that starts with it grades it")
+    assert too_late(record, 900.0, now=1000.0).endswith("ends in 0 s (--stop-at): a call that starts with it grades it")
 
 
 @pytest.mark.slow  # `kernelboard eval --gpus` end to end, cut off
