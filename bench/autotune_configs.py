@@ -9,6 +9,8 @@ the solution's Model at the shape as the grader does (the reference's state dict
 on seed 42's inputs and judges the output by the problem's nominal rule (`judge.judge_values`), each in a
 fresh process; it says per config: `ok`, `wrong` (the rule's words), `error` (the exception's first line) or
 `crashed` (no answer: the process died, with compute-sanitizer's first finding under `--sanitizer`).
+A solution with no module-level autotuner (fixed launch configurations, as deepseek-v4-flash-0731's 02 of
+2026-08-02) is called once as published, one row: under `--sanitizer`, which of its kernels faults.
 
 Candidate code runs here without the grader's sandbox: a maintainer's tool for a published kernel, not a
 grading. `--device cpu` runs Triton's interpreter (TRITON_INTERPRET=1) at the problem's CPU shapes. Run it
@@ -63,8 +65,9 @@ if device == "cpu":  # bf16 dots computed on values, as a CPU grading's runner h
 if target == "-":
     print(json.dumps({"autotuners": {name: [str(c) for c in t.configs] for name, t in tuners.items()}}))
     sys.exit(0)
-tuner = tuners[target]
-tuner.configs = [tuner.configs[int(index)]]
+if target != "*":  # "*": the call as published, every autotuner left whole
+    tuner = tuners[target]
+    tuner.configs = [tuner.configs[int(index)]]
 try:
     with torch.no_grad():
         init = list(reference.get_init_inputs())
@@ -135,13 +138,16 @@ def main(submission: Path, deck: Path, shape: int, device: str, sanitizer: bool,
     rows = [{"autotuner": name, "config": i, "what": config,
              **_child(folder, deck.resolve(), shape, name, i, device, sanitizer, timeout_s)}
             for name, configs in listing["autotuners"].items() for i, config in enumerate(configs)]
+    if not rows:  # fixed launch configurations: the call itself, once (under --sanitizer: which kernel faults)
+        rows = [{"autotuner": "—", "config": "—", "what": "no autotuner: the call as published",
+                 **_child(folder, deck.resolve(), shape, "*", 0, device, sanitizer, timeout_s)}]
     table = Table(title=f"{folder.name}, shape {shape} on {device}: each config alone", title_justify="left")
     for column in ("autotuner", "config", "status", "said"):
         table.add_column(column, overflow="fold")
     for row in rows:
         said = row["said"] + (f" | sanitizer: {row['sanitizer']}" if row.get("sanitizer") else "")
         table.add_row(row["autotuner"], f"{row['config']}: {row['what']}", row["status"], said)
-    Console().print(table if rows else f"{folder.name}: no Triton autotuner at module level")
+    Console().print(table)
     if json_out is not None:
         json_out.write_text(json.dumps({"submission": folder.name, "shape": shape, "device": device, "configs": rows},
                                        indent=1))

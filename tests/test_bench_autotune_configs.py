@@ -69,3 +69,39 @@ def test_a_folder_without_its_problem_is_one_line(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "no run.yaml naming its problem" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+FIXED = '''
+import torch
+import triton
+import triton.language as tl
+
+from reference import Model as _Reference, get_inputs, get_init_inputs  # noqa: F401
+
+
+@triton.jit
+def _copy(x_ptr, n, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)
+
+
+class Model(_Reference):
+    def forward(self, x):
+        out = super().forward(x).float().contiguous()
+        _copy[(1,)](out, out.numel(), BLOCK=triton.next_power_of_2(out.numel()), num_warps=4)
+        return out.to(x.dtype)
+'''
+
+
+def test_a_solution_without_an_autotuner_is_called_once_as_published(tmp_path: Path) -> None:
+    sub = tmp_path / "fixed"
+    sub.mkdir()
+    (sub / "solution.py").write_text(FIXED)
+    (sub / "run.yaml").write_text("problem: 07_w4a16_gemm\nmodel: t\nharness: pytest\nagent_outcome: completed\n")
+    out = tmp_path / "fixed.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "autotune_configs.py"), str(sub), "--device", "cpu",
+                           "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())["configs"]
+    assert [(r["autotuner"], r["what"], r["status"]) for r in rows] == [
+        ("—", "no autotuner: the call as published", "ok")]
