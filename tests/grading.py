@@ -11,7 +11,10 @@ without it.
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 import textwrap
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -35,6 +38,17 @@ def write_submission(folder: Path, problem: str, source: str | None, outcome: st
     meta = f"problem: {problem}\nmodel: test-{folder.name}\nharness: pytest\nagent_outcome: {outcome}\n"
     (folder / "run.yaml").write_text(meta + (f"outcome_note: {note}\n" if note else ""))
     return folder
+
+
+def run_bench_tool(root: Path, tool: str, name: str, source: str, *args: str) -> tuple[dict, str]:
+    """A diagnostic of bench/ (TOOL) run on SOURCE as a 07 solution named NAME, in its own process: its --json
+    answer and its printout."""
+    sub = write_submission(root / name, "07_w4a16_gemm", source)
+    out = root / f"{name}.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / tool), str(sub), *args, "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(out.read_text()), proc.stdout
 
 
 def copy_deck(root: Path, problems: Iterable[str]) -> Path:

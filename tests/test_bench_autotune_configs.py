@@ -7,10 +7,12 @@ compute-sanitizer prints its summary) does not hide it either."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+from grading import run_bench_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,16 +48,13 @@ class Model(_Reference):
 '''
 
 
+def _configs(tmp_path: Path, name: str, source: str) -> list[dict]:
+    """bench/autotune_configs.py's rows for SOURCE as a 07 solution, on the CPU."""
+    return run_bench_tool(tmp_path, "autotune_configs.py", name, source, "--device", "cpu")[0]["configs"]
+
+
 def test_each_config_is_run_alone_and_judged(tmp_path: Path) -> None:
-    sub = tmp_path / "sub"
-    sub.mkdir()
-    (sub / "solution.py").write_text(SOLUTION)
-    (sub / "run.yaml").write_text("problem: 07_w4a16_gemm\nmodel: t\nharness: pytest\nagent_outcome: completed\n")
-    out = tmp_path / "configs.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "autotune_configs.py"), str(sub), "--device", "cpu",
-                           "--json", str(out)], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    rows = json.loads(out.read_text())["configs"]
+    rows = _configs(tmp_path, "sub", SOLUTION)
     assert [(r["autotuner"], r["config"], r["status"]) for r in rows] == [
         ("_scaled", 0, "ok"), ("_scaled", 1, "wrong"), ("_scaled", 2, "error"), ("_scaled", 3, "crashed")]
     assert "out of tolerance" in rows[1]["said"]
@@ -64,9 +63,10 @@ def test_each_config_is_run_alone_and_judged(tmp_path: Path) -> None:
     assert "SCALE: 2" in rows[1]["what"]
 
 
-def test_a_folder_without_its_problem_is_one_line(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "autotune_configs.py"), str(tmp_path)],
-                          capture_output=True, text=True, timeout=60)
+@pytest.mark.parametrize("tool", ["autotune_configs.py", "triton_bounds.py"])
+def test_a_folder_without_its_problem_is_one_line(tmp_path: Path, tool: str) -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / tool), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "no run.yaml naming its problem" in proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -94,14 +94,6 @@ class Model(_Reference):
 
 
 def test_a_solution_without_an_autotuner_is_called_once_as_published(tmp_path: Path) -> None:
-    sub = tmp_path / "fixed"
-    sub.mkdir()
-    (sub / "solution.py").write_text(FIXED)
-    (sub / "run.yaml").write_text("problem: 07_w4a16_gemm\nmodel: t\nharness: pytest\nagent_outcome: completed\n")
-    out = tmp_path / "fixed.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "autotune_configs.py"), str(sub), "--device", "cpu",
-                           "--json", str(out)], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    rows = json.loads(out.read_text())["configs"]
+    rows = _configs(tmp_path, "fixed", FIXED)
     assert [(r["autotuner"], r["what"], r["status"]) for r in rows] == [
         ("—", "no autotuner: the call as published", "ok")]

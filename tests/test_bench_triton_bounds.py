@@ -8,12 +8,10 @@ names the argument and how far past its end, masks them off (no crash) and judge
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from grading import run_bench_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,16 +47,8 @@ class Model(_Reference):
 
 
 def _bounds(tmp_path: Path, name: str, source: str) -> tuple[dict, str]:
-    """bench/triton_bounds.py's JSON answer and its printout for SOURCE as a 07 solution, at the CPU's shape 0."""
-    sub = tmp_path / name
-    sub.mkdir()
-    (sub / "solution.py").write_text(source)
-    (sub / "run.yaml").write_text("problem: 07_w4a16_gemm\nmodel: t\nharness: pytest\nagent_outcome: completed\n")
-    out = tmp_path / f"{name}.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "triton_bounds.py"), str(sub), "--shapes-of", "cpu",
-                           "--json", str(out)], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(out.read_text()), proc.stdout
+    """bench/triton_bounds.py's answer and printout for SOURCE as a 07 solution, at the CPU's shape 0."""
+    return run_bench_tool(tmp_path, "triton_bounds.py", name, source, "--shapes-of", "cpu")
 
 
 @pytest.mark.parametrize("masked", [True, False])
@@ -82,13 +72,6 @@ def test_every_address_is_checked_and_one_past_the_end_is_named(tmp_path: Path, 
         assert tally["accesses"] == 16 * 16 + 4 * 16
         assert tally["examples"][0] == "load of 2 B by program (0, 0, 0): byte 128 of x_ptr, which has 128 B"
         assert len(tally["examples"]) == 3
-
-
-def test_a_folder_without_its_problem_is_one_line(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "triton_bounds.py"), str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1 and "no run.yaml naming its problem" in proc.stderr
-    assert "Traceback" not in proc.stderr
 
 
 TUNED = '''
