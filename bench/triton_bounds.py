@@ -35,151 +35,35 @@ import contextlib
 import json
 import sys
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import click
-import numpy as np
 import torch
 import yaml
 from rich.console import Console
 from rich.table import Table
 from torch.overrides import TorchFunctionMode
 
+from kernelboard.eval.interpreter import Bounds, check_memory, widen_bf16_dots
+
 ROOT = Path(__file__).resolve().parents[1]
-#: Out-of-bounds lanes kept as examples, per kernel.
-EXAMPLES = 3
-
-
-@dataclass
-class Region:
-    """One tensor argument's storage in a launch: [start, end) in host bytes."""
-
-    name: str
-    start: int
-    end: int
-
-
-@dataclass
-class KernelTally:
-    """What one kernel's launches touched."""
-
-    launches: int = 0
-    programs: int = 0
-    accesses: int = 0  # lanes checked (masked-off lanes are not accesses)
-    outside: int = 0
-    examples: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Bounds:
-    """The tally of a run, by kernel, and the launch under way (its name, program and memory)."""
-
-    kernels: dict[str, KernelTally] = field(default_factory=dict)
-    kernel: str = ""
-    regions: list[Region] = field(default_factory=list)
-
-    def check(self, op: str, addresses: np.ndarray, mask: np.ndarray, itemsize: int, program: tuple) -> np.ndarray:
-        """Count the unmasked lanes of one access, and return the mask with every lane outside the launch's
-        memory turned off (so the interpreter never reads or writes there)."""
-        tally = self.kernels[self.kernel]
-        active = np.broadcast_to(mask, addresses.shape).astype(bool)
-        flat = addresses.astype(np.int64)
-        inside = np.zeros(addresses.shape, dtype=bool)
-        for region in self.regions:
-            inside |= (flat >= region.start) & (flat + itemsize <= region.end)
-        bad = active & ~inside
-        tally.accesses += int(active.sum())
-        if not bad.any():
-            return mask
-        tally.outside += int(bad.sum())
-        for address in flat[bad][: max(0, EXAMPLES - len(tally.examples))]:
-            tally.examples.append(f"{op} of {itemsize} B by program {program}: {self._where(int(address))}")
-        return active & ~bad
-
-    def _where(self, address: int) -> str:
-        """The argument nearest an address outside every one, and the address as a byte of it."""
-        def gap(region: Region) -> int:
-            return region.start - address if address < region.start else address - region.end + 1
-
-        if not self.regions:
-            return f"address {address:#x}, and the launch was given no tensor"
-        region = min(self.regions, key=gap)
-        return f"byte {address - region.start:,} of {region.name}, which has {region.end - region.start:,} B"
 
 
 @contextlib.contextmanager
 def checked_memory(bounds: Bounds) -> Iterator[None]:
-    """Check every address the interpreter's loads, stores and atomics touch (see the module docstring)."""
-    from triton.runtime import interpreter as interp
-
-    builder_class, executor = interp.InterpreterBuilder, interp.GridExecutor
-    saved = {name: getattr(builder_class, name) for name in
-             ("create_masked_load", "create_masked_store", "create_atomic_rmw", "create_atomic_cas")}
-    saved_call, saved_args = executor.__call__, executor._init_args_hst
-
-    def program(builder: Any) -> tuple:
-        return tuple(int(i) for i in (builder.grid_idx or ()))
-
-    def load(self: Any, ptrs: Any, mask: Any, other: Any, *rest: Any) -> Any:
-        itemsize = np.dtype(interp._get_np_dtype(ptrs.get_element_ty())).itemsize
-        mask = interp.TensorHandle(bounds.check("load", ptrs.data, mask.data, itemsize, program(self)), mask.dtype)
-        return saved["create_masked_load"](self, ptrs, mask, other, *rest)
-
-    def store(self: Any, ptrs: Any, value: Any, mask: Any, *rest: Any) -> Any:
-        itemsize = np.dtype(interp._get_np_dtype(ptrs.get_element_ty())).itemsize
-        mask = interp.TensorHandle(bounds.check("store", ptrs.data, mask.data, itemsize, program(self)), mask.dtype)
-        return saved["create_masked_store"](self, ptrs, value, mask, *rest)
-
-    def atomic_rmw(self: Any, op: Any, ptr: Any, val: Any, mask: Any, *rest: Any) -> Any:
-        itemsize = np.dtype(interp._get_np_dtype(ptr.get_element_ty())).itemsize
-        mask = interp.TensorHandle(bounds.check("atomic", ptr.data, mask.data, itemsize, program(self)), mask.dtype)
-        return saved["create_atomic_rmw"](self, op, ptr, val, mask, *rest)
-
-    def atomic_cas(self: Any, ptr: Any, cmp: Any, val: Any, *rest: Any) -> Any:
-        itemsize = np.dtype(interp._get_np_dtype(ptr.get_element_ty())).itemsize
-        everywhere = np.ones(ptr.data.shape, dtype=bool)
-        if not bounds.check("atomic", ptr.data, everywhere, itemsize, program(self)).all():
-            raise RuntimeError(f"{bounds.kernel}: an atomic compare-and-swap outside its tensors (see the tally)")
-        return saved["create_atomic_cas"](self, ptr, cmp, val, *rest)
-
-    def init_args(self: Any, args_dev: Any, kwargs: dict) -> Any:
-        args_hst, kwargs_hst = saved_args(self, args_dev, kwargs)
-        named = [*zip(self.arg_names, args_hst, strict=False), *kwargs_hst.items()]  # positional ones first
-        bounds.regions = [Region(name, t.untyped_storage().data_ptr(),
-                                 t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
-                          for name, t in named if isinstance(t, torch.Tensor)]
-        return args_hst, kwargs_hst
-
-    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        tuned = ", ".join(f"{k}={v}" for k, v in kwargs.items() if k in self.constexprs and isinstance(v, int))
-        bounds.kernel = f"{self.fn.__name__}[{tuned}]" if tuned else self.fn.__name__
-        tally = bounds.kernels.setdefault(bounds.kernel, KernelTally())
-        tally.launches += 1
-        result = saved_call(self, *args, **kwargs)
-        grid = interp.interpreter_builder.grid_dim
-        tally.programs += int(np.prod(grid)) if grid else 0
-        return result
-
-    patched = {"create_masked_load": load, "create_masked_store": store, "create_atomic_rmw": atomic_rmw,
-               "create_atomic_cas": atomic_cas}
-    for name, fn in patched.items():
-        setattr(builder_class, name, fn)
-    executor.__call__, executor._init_args_hst = call, init_args
+    """Every address the interpreter's loads, stores and atomics touch checked (kernelboard.eval.interpreter)."""
+    undo = check_memory(bounds)
     try:
         yield
     finally:
-        for name, fn in saved.items():
-            setattr(builder_class, name, fn)
-        executor.__call__, executor._init_args_hst = saved_call, saved_args
+        undo()
 
 
 @contextlib.contextmanager
 def bf16_dots() -> Iterator[None]:
     """bf16 `tl.dot`s widened to fp32, as a CPU grading's runner has them (kernelboard.eval.interpreter)."""
-    from kernelboard.eval.interpreter import widen_bf16_dots
-
     undo = widen_bf16_dots()
     try:
         yield

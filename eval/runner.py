@@ -449,12 +449,18 @@ def _send(chan: Channel, header: dict[str, Any], blobs: list[memoryview]) -> boo
     return True
 
 
+def _say_outside(kernel: str, first: str) -> None:
+    print(f"[runner] interpreter: {kernel} reaches outside the tensors its launch was given ({first}); those "
+          f"lanes are masked off here (a load reads 0), where a GPU faults or reads other memory", flush=True)
+
+
 def serve(sock: socket.socket, setup: dict[str, Any]) -> None:
     """The runner's main loop: a hello with torch's global switches (before any candidate code
     runs), then one reply per request until the judge closes the socket."""
     _detach(setup.get("parent_pid"))
-    if interpreter.interpreting():  # a CPU grading: its bf16 dots computed as a GPU computes them
-        interpreter.widen_bf16_dots()
+    if interpreter.interpreting():  # a CPU grading: bf16 dots computed as a GPU computes them, and no lane
+        interpreter.widen_bf16_dots()  # outside a launch's tensors read or written (said once per kernel)
+        interpreter.check_memory(interpreter.Bounds(on_outside=_say_outside))
     chan = Channel(sock)
     try:
         runner = _Runner(setup)

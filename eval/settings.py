@@ -289,8 +289,9 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: scoring.beyond_hardware), in the parent after scoring: no committed pass comes near it (0.77 at most), so
 #: no committed verdict moves and none is graded again.
 #: 0.5.14 widens bf16 `tl.dot` operands to fp32 in Triton's interpreter (a CPU grading's runner; eval/interpreter.py),
-#: whose dot multiplied their bit patterns: a correct bf16 kernel was `wrong` on the CPU. GPU gradings are unchanged
-#: and no committed row is a CPU grading.
+#: whose dot multiplied their bit patterns: a correct bf16 kernel was `wrong` on the CPU; and masks off, and says in
+#: the log, a lane outside the tensors a launch was given, which the interpreter read from host memory. GPU
+#: gradings are unchanged and no committed row is a CPU grading.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 #: Passes an earlier grader gave under a looser check than the current one, as (the first grader with the
