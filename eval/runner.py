@@ -459,8 +459,11 @@ def serve(sock: socket.socket, setup: dict[str, Any]) -> None:
     runs), then one reply per request until the judge closes the socket."""
     _detach(setup.get("parent_pid"))
     if interpreter.interpreting():  # a CPU grading: bf16 dots computed as a GPU computes them, and no lane
-        interpreter.widen_bf16_dots()  # outside a launch's tensors read or written (said once per kernel)
-        interpreter.check_memory(interpreter.Bounds(on_outside=_say_outside))
+        try:  # outside a launch's tensors read or written (said once per kernel)
+            interpreter.widen_bf16_dots()
+            interpreter.check_memory(interpreter.Bounds(on_outside=_say_outside))
+        except Exception as exc:  # a Triton whose interpreter is built otherwise: graded as it computes
+            print(f"[runner] interpreter: not adjusted ({type(exc).__name__}: {exc})", flush=True)
     chan = Channel(sock)
     try:
         runner = _Runner(setup)
