@@ -34,14 +34,13 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: every @triton
 import contextlib
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import click
 import torch
-import yaml
 from rich.console import Console
 from rich.table import Table
 from torch.overrides import TorchFunctionMode
@@ -52,19 +51,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextlib.contextmanager
-def checked_memory(bounds: Bounds) -> Iterator[None]:
-    """Every address the interpreter's loads, stores and atomics touch checked (kernelboard.eval.interpreter)."""
-    undo = check_memory(bounds)
-    try:
-        yield
-    finally:
-        undo()
-
-
-@contextlib.contextmanager
-def bf16_dots() -> Iterator[None]:
-    """bf16 `tl.dot`s widened to fp32, as a CPU grading's runner has them (kernelboard.eval.interpreter)."""
-    undo = widen_bf16_dots()
+def installed(install: Callable[..., Callable[[], None]], *args: Any) -> Iterator[None]:
+    """One of kernelboard.eval.interpreter's adjustments, for the run only: installed, then undone."""
+    undo = install(*args)
     try:
         yield
     finally:
@@ -124,15 +113,17 @@ def cuda_on_cpu() -> Iterator[None]:
 
 def run(folder: Path, deck: Path, shape_index: int, seed: int, shapes_of: str) -> dict[str, Any]:
     """The tally and the verdict of one call of the submission at a shape (see the module docstring)."""
+    from kernelboard.errors import SubmissionError
     from kernelboard.eval.deck import load_problem
     from kernelboard.eval.failure import one_line
     from kernelboard.eval.judge import judge_values
     from kernelboard.eval.plan import apply_shape, build_model, draw_inputs, import_file, install_shapes_module
+    from kernelboard.eval.submission import load_submission
 
-    meta = yaml.safe_load((folder / "run.yaml").read_text()) if (folder / "run.yaml").is_file() else None
-    if not isinstance(meta, dict) or "problem" not in meta:
-        raise click.ClickException(f"{folder}: no run.yaml naming its problem")
-    problem = load_problem(deck / meta["problem"])
+    try:
+        problem = load_problem(deck / load_submission(folder).problem)
+    except SubmissionError as exc:
+        raise click.ClickException(str(exc)) from None
     shapes = problem.shapes_for(shapes_of)
     if not 0 <= shape_index < len(shapes):
         raise click.ClickException(f"{problem.name} has {len(shapes)} {shapes_of} shapes: --shape {shape_index} "
@@ -157,7 +148,7 @@ def run(folder: Path, deck: Path, shape_index: int, seed: int, shapes_of: str) -
             if problem.weight_transfer == "state_dict":
                 model.load_state_dict(ref.state_dict(), strict=True)
             stage = "its call"
-            with checked_memory(bounds), bf16_dots(), every_config_launched():
+            with installed(check_memory, bounds), installed(widen_bf16_dots), every_config_launched():
                 got = model(*inputs)
         outs = got if isinstance(got, tuple) else (got,)
         verdict = judge_values(problem, expected, tuple(o.cpu() for o in outs), inputs, None)

@@ -38,16 +38,22 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def _interpreter() -> Any:
+    """Triton's interpreter module, or None without Triton."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return None
+    return interpreter
+
+
 def widen_bf16_dots() -> Callable[[], None]:
     """Widen bf16 `tl.dot` operands to fp32 in the interpreter (see the module docstring); returns what undoes
     it. Without Triton, or already widened, it does nothing."""
-    try:
-        from triton.runtime import interpreter as interp
-    except ImportError:
+    interp = _interpreter()
+    if interp is None or getattr(interp.InterpreterBuilder.create_dot, _WIDENED, False):
         return lambda: None
     saved = interp.InterpreterBuilder.create_dot
-    if getattr(saved, _WIDENED, False):
-        return lambda: None
 
     def widened(handle: Any) -> Any:
         if handle.dtype.scalar != interp.tl.bfloat16:
@@ -135,38 +141,31 @@ def check_memory(bounds: Bounds) -> Callable[[], None]:
     Without Triton it does nothing."""
     import torch
 
-    try:
-        from triton.runtime import interpreter as interp
-    except ImportError:
+    interp = _interpreter()
+    if interp is None:
         return lambda: None
-
     builder_class, executor = interp.InterpreterBuilder, interp.GridExecutor
     saved = {name: getattr(builder_class, name) for name in
              ("create_masked_load", "create_masked_store", "create_atomic_rmw", "create_atomic_cas")}
     saved_call, saved_args = executor.__call__, executor._init_args_hst
 
-    def program(builder: Any) -> tuple:
-        return tuple(int(i) for i in (builder.grid_idx or ()))
+    def inside(builder: Any, op: str, ptrs: Any, mask: np.ndarray) -> Any:
+        """`mask` with the lanes outside the launch's tensors turned off, as the builder's mask handle."""
+        itemsize = np.dtype(interp._get_np_dtype(ptrs.get_element_ty())).itemsize
+        program = tuple(int(i) for i in (builder.grid_idx or ()))
+        return interp.TensorHandle(bounds.check(op, ptrs.data, mask, itemsize, program), interp.tl.int1)
 
     def load(self: Any, ptrs: Any, mask: Any, other: Any, *rest: Any) -> Any:
-        itemsize = np.dtype(interp._get_np_dtype(ptrs.get_element_ty())).itemsize
-        mask = interp.TensorHandle(bounds.check("load", ptrs.data, mask.data, itemsize, program(self)), mask.dtype)
-        return saved["create_masked_load"](self, ptrs, mask, other, *rest)
+        return saved["create_masked_load"](self, ptrs, inside(self, "load", ptrs, mask.data), other, *rest)
 
     def store(self: Any, ptrs: Any, value: Any, mask: Any, *rest: Any) -> Any:
-        itemsize = np.dtype(interp._get_np_dtype(ptrs.get_element_ty())).itemsize
-        mask = interp.TensorHandle(bounds.check("store", ptrs.data, mask.data, itemsize, program(self)), mask.dtype)
-        return saved["create_masked_store"](self, ptrs, value, mask, *rest)
+        return saved["create_masked_store"](self, ptrs, value, inside(self, "store", ptrs, mask.data), *rest)
 
     def atomic_rmw(self: Any, op: Any, ptr: Any, val: Any, mask: Any, *rest: Any) -> Any:
-        itemsize = np.dtype(interp._get_np_dtype(ptr.get_element_ty())).itemsize
-        mask = interp.TensorHandle(bounds.check("atomic", ptr.data, mask.data, itemsize, program(self)), mask.dtype)
-        return saved["create_atomic_rmw"](self, op, ptr, val, mask, *rest)
+        return saved["create_atomic_rmw"](self, op, ptr, val, inside(self, "atomic", ptr, mask.data), *rest)
 
     def atomic_cas(self: Any, ptr: Any, cmp: Any, val: Any, *rest: Any) -> Any:
-        itemsize = np.dtype(interp._get_np_dtype(ptr.get_element_ty())).itemsize
-        everywhere = np.ones(ptr.data.shape, dtype=bool)
-        if not bounds.check("atomic", ptr.data, everywhere, itemsize, program(self)).all():
+        if not inside(self, "atomic", ptr, np.ones(ptr.data.shape, dtype=bool)).data.all():  # it has no mask
             raise RuntimeError(f"{bounds.kernel}: an atomic compare-and-swap outside its tensors (see the tally)")
         return saved["create_atomic_cas"](self, ptr, cmp, val, *rest)
 

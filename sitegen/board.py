@@ -360,6 +360,11 @@ class Board:
         return self.metric.imported
 
 
+def graders(results: Iterable[Result]) -> tuple[str, ...]:
+    """Who measured these results, each once, grader versions in release order (settings.version_order)."""
+    return tuple(sorted({r.measured_by for r in results}, key=version_order))
+
+
 def gpu_label(data: SiteData, gpu: str) -> str:
     """The display name of a GPU key: the hardware table's name, or the CPU label."""
     return CPU_LABEL if gpu == CPU_KEY else data.hardware[gpu].name
@@ -463,7 +468,7 @@ def _board(data: SiteData, gpu: str, bench: str, results: list[Result], metric: 
                               notes.get(run.run_id), metric, lines.of(run.bench, run.problem, res)))
         rows.append(_row(model, runs, tuple(cells), pending.get(model)))
     return Board(bench, gpu, gpu_label(data, gpu), problems, rank_rows(rows), metric,
-                 tuple(sorted({r.measured_by for r in results}, key=version_order)))
+                 graders(results))
 
 
 def score(cells: Iterable[Cell | None]) -> tuple[float | None, int, int]:

@@ -19,7 +19,7 @@ from markdown_it import MarkdownIt
 from markupsafe import Markup
 
 from kernelboard.eval.roofline import geomean
-from kernelboard.eval.settings import tightened_since, version_order
+from kernelboard.eval.settings import tightened_since
 
 from . import charts
 from .board import (
@@ -34,6 +34,7 @@ from .board import (
     best_per_model,
     build_boards,
     gpu_label,
+    graders,
     metrics_by_board,
     no_speedup_reason,
     off_board_label,
@@ -136,7 +137,7 @@ class MeasuredBy:
 
     @classmethod
     def of_results(cls, results: list[Result], metric: Metric) -> MeasuredBy:
-        return cls(metric.imported, tuple(sorted({r.measured_by for r in results}, key=version_order)), metric)
+        return cls(metric.imported, graders(results), metric)
 
 
 def peak_text(problem: Problem, hardware: Hardware | None) -> str:

@@ -63,11 +63,12 @@ def test_each_config_is_run_alone_and_judged(tmp_path: Path) -> None:
     assert "SCALE: 2" in rows[1]["what"]
 
 
-@pytest.mark.parametrize("tool", ["autotune_configs.py", "triton_bounds.py"])
-def test_a_folder_without_its_problem_is_one_line(tmp_path: Path, tool: str) -> None:
+@pytest.mark.parametrize(("tool", "said"), [("autotune_configs.py", "no run.yaml naming its problem"),
+                                           ("triton_bounds.py", "no run.yaml (who wrote this kernel")])
+def test_a_folder_without_its_problem_is_one_line(tmp_path: Path, tool: str, said: str) -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / tool), str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1 and "no run.yaml naming its problem" in proc.stderr
+    assert proc.returncode == 1 and f"{tmp_path}: {said}" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
