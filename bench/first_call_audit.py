@@ -41,7 +41,7 @@ def _first_call(submission: Path, deck: Path, shape_idx: int, device: str, audit
     install_shapes_module(shapes)
     seed = problem.seeds[0]
     plan = make_plan(problem, reference, (shape,), [seed], (), device)[0]
-    inputs = plan.checks[0].pristine
+    inputs = plan.checks[0].pristine_on(device)
     sys.path.insert(0, str(submission))
     solution = import_file("solution", submission / "solution.py")
     if problem.weight_transfer == "seed":

@@ -34,7 +34,7 @@ import gc
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,7 @@ from .protocol import Arena, TensorRef
 from .settings import (
     BASELINE_TIMING_SEEDS,
     COVER_UNCOVERED_SHARE,
+    GRADER_CONTEXTS_BYTES,
     LAUNCH_BOUND_MS,
     PROOF_DISPATCH_MS,
     PROOF_FLOOR_BUDGET_MS,
@@ -195,14 +196,27 @@ def judge_values(problem: Problem, ref: Output, outs: tuple[torch.Tensor, ...], 
     return worst
 
 
-def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int,
-           keep_timing_inputs: bool) -> tuple[Arena, list[list[torch.Tensor | None]]]:
+def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int, keep_timing_inputs: bool,
+           device: str) -> tuple[Arena, list[list[torch.Tensor | None]]]:
     """Copy the shape's inputs into shared memory, have the runner build its Model; returns the
     arena (to unpin once the checks are done) and the judge's views of each check's inputs (None
-    for a non-tensor input)."""
+    for a non-tensor input). The judge lets go of its copies of the timing and floor-batch sets before
+    the runner places its own on the GPU: on 06's headline shape the two sides' copies, 15 GB each, did
+    not fit an 80 GB H100 together (2026-12-06)."""
     arena = Arena({"init_args": plan.init_args, "state_dict": plan.state_dict,
                    "checks": [c.inputs for c in plan.checks], "timing": plan.timing_sets, "proof": plan.proof_sets})
     log("worker", f"shape {plan.shape.idx}: {arena.size / 1e9:.2f} GB of inputs and state copied to shared memory")
+    placed = _nbytes(plan.state_dict.values(), *plan.timing_sets, *(s for batch in plan.proof_sets for s in batch))
+    for check in plan.checks:
+        check.inputs = []  # the arena holds the runner's copy; `pristine` keeps the judge's
+    routed = plan.reference_step is not None  # its other expert choices are computed from the sets (_RunnerUps)
+    plan.timing_inputs = plan.timing_sets if keep_timing_inputs or routed else []  # for rules that read the inputs
+    plan.proof_inputs = plan.proof_sets if routed else []
+    plan.timing_sets = []
+    plan.proof_sets = []
+    if device == "cuda":
+        torch.cuda.empty_cache()  # the sets moved to the arena: give their memory back before the runner's copies
+        _fits_beside_judge(plan, placed)
     try:
         link.ask("shape", f"shape {plan.shape.idx}: building Model", fds=(arena.fd,), shape=k, seed=seed,
                  arena_size=arena.size, values=arena.encoded,
@@ -215,15 +229,29 @@ def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int,
         raise
     finally:
         arena.close_fd()
-    for check in plan.checks:
-        check.inputs = []  # the arena holds the runner's copy; `pristine` keeps the judge's
-    routed = plan.reference_step is not None  # its other expert choices are computed from the sets (_RunnerUps)
-    plan.timing_inputs = plan.timing_sets if keep_timing_inputs or routed else []  # for rules that read the inputs
-    plan.proof_inputs = plan.proof_sets if routed else []
-    plan.timing_sets = []
-    plan.proof_sets = []
     return arena, [[arena.view(r) if isinstance(r, TensorRef) else None for r in inputs]
                    for inputs in arena.encoded["checks"]]
+
+
+def _nbytes(*groups: Iterable[Any]) -> int:
+    return sum(x.numel() * x.element_size() for group in groups for x in group if isinstance(x, torch.Tensor))
+
+
+def _fits_beside_judge(plan: ShapePlan, placed: int) -> None:
+    """What the grader itself needs of the GPU for a shape, said in the log, and refused as not_graded
+    where it cannot fit: the judge's references and records, and what the runner is given to place
+    (the Model's state, which the interface fixes, and the timing and floor-batch sets). An
+    out-of-memory error of the runner's is the candidate's (`oom`) only where the grader's own demand
+    fits: the judge measures it here, as the runner's report cannot be believed."""
+    free, total = torch.cuda.mem_get_info()
+    held = torch.cuda.memory_reserved()
+    log("worker", f"shape {plan.shape.idx}: the judge holds {held / 1e9:.2f} GB of the GPU, the runner is given "
+                  f"{placed / 1e9:.2f} GB to place there; {free / 1e9:.2f} GB of {total / 1e9:.2f} GB free")
+    if held + placed + GRADER_CONTEXTS_BYTES > total:
+        raise Failure("not_graded", f"shape {plan.shape.idx}: the grader's own use of the GPU does not fit its "
+                                    f"{total / 1e9:.1f} GB: the judge holds {held / 1e9:.1f} GB and the runner would "
+                                    f"place {placed / 1e9:.1f} GB (the Model's state, the timing and floor-batch "
+                                    "sets), before any memory of the candidate's")
 
 
 def _probe_spec(seed: int, ref: Output) -> list[list[int]]:
@@ -315,7 +343,7 @@ def _near_tie_verdict(problem: Problem, plan: ShapePlan, check: Check, got: Rece
     if len(check.tied) == 1 and step is not None and spec is not None and spec.router_margin_ulps is not None:
         router = check.tied[0]
         with torch.no_grad():
-            other = step.with_runner_up(router, *clone_flat(check.pristine))
+            other = step.with_runner_up(router, *clone_flat(check.pristine_on(str(parts[0].device))))
         later = [r for r, margin in enumerate(step.last_margins) if r > router and margin < spec.router_margin_ulps]
         if judge_values(problem, check.ref_out, other, [], ROUTER_NEAR_TIE).ok:
             alt = judge_values(problem, other, outs, called_with, None, names)
@@ -682,10 +710,8 @@ def grade(job: Job, result: dict[str, Any], phases: Phases, link: RunnerLink) ->
         plan = make_plan(problem, reference, (shape,), seeds, pool_seeds, device, proof_seed=base_seed + 97)[0]
         log("worker", f"shape {shape.idx}: inputs drawn, {len(plan.checks)} reference outputs computed")
         plans.append(plan)
-        arena, shared = _share(link, plan, k, seeds[0], keep_timing_inputs=problem.rule_reads_inputs)
+        arena, shared = _share(link, plan, k, seeds[0], problem.rule_reads_inputs, device)
         log("worker", f"shape {shape.idx}: inputs shared, the solution's Model built")
-        if device == "cuda":
-            torch.cuda.empty_cache()  # the inputs moved to the arena: give their memory back
         if problem.stateful is not None:
             one = sum(1 for c in plan.checks if len(c.tied) == 1)
             several = sum(1 for c in plan.checks if len(c.tied) > 1)

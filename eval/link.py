@@ -171,10 +171,10 @@ class RunnerLink:
         with contextlib.suppress(OSError):
             self.chan.close()
         if self.proc.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()  # first: the runner's tree is found below it while it lives
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)  # no such group yet: it had not detached
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
             self.proc.join(timeout=10)
 
     def _gone(self) -> str:

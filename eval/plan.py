@@ -146,7 +146,8 @@ class Check:
     `pristine` holds the same tensors as `inputs`, not copies: the runner only ever sees the shared
     arena copy, so the judge's own tensors stay as drawn, and once `inputs` is emptied after sharing
     they are the judge's record of what the runner was given (one copy: on 06's headline shape, 16
-    input sets of 2.1 GB that a second copy held twice on the GPU).
+    input sets of 2.1 GB that a second copy held twice on the GPU). Outside a stateful step they are on
+    the host (`to_host`) once the references are computed; the judge moves what it reads to the device.
 
     A numeric stress case's `inputs` are its seed's nominal tensors (the same objects as the nominal
     check's, so the arena holds them once): the call is made on them × `stress.scale`, which the
@@ -164,8 +165,31 @@ class Check:
     tied: tuple[int, ...] = ()
 
     def called_with(self) -> list[Any]:
-        """The inputs the call is judged on: `pristine` × the stress case's scale."""
-        return scaled(self.pristine, self.stress)
+        """The inputs the call is judged on, where it is judged (the reference output's device):
+        `pristine` × the stress case's scale."""
+        first = self.ref_out[0] if isinstance(self.ref_out, tuple) else self.ref_out
+        return scaled(self.pristine_on(str(first.device)), self.stress)
+
+    def pristine_on(self, device: str) -> list[Any]:
+        """The judge's record of the inputs on `device`: copies where the record is on the host
+        (`to_host`), the record itself where it is already there."""
+        return [x.to(device) if isinstance(x, torch.Tensor) else x for x in self.pristine]
+
+
+def to_host(inputs: list[Any]) -> list[Any]:
+    """An input set's tensors copied to the host, with their strides: what the judge keeps of a check's
+    inputs once its references are computed, so that on 06's headline shape its 8 input sets of 2.1 GB
+    (17 GB) are not held on the GPU while the runner places its own sets beside them (on an 80 GB H100
+    the two did not fit: 2026-12-06). The arena copies them from here; `_check_inputs` compares them
+    here. A tensor whose elements overlap (an expanded one) stays where it is: it cannot be copied
+    with its strides, and it holds few bytes."""
+    held = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+            with contextlib.suppress(RuntimeError):  # overlapping elements: kept where they are
+                x = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="cpu").copy_(x)
+        held.append(x)
+    return held
 
 
 @dataclass
@@ -216,16 +240,22 @@ def make_plan(problem: Problem, reference: types.ModuleType, shapes: tuple[Shape
             inputs = draw_inputs(reference, seed, device, problem.draw_on_device)
             if structural and not first:
                 first = clone_flat(inputs)
+            refs = []
             for case in (None, *problem.numeric_stress):
-                label = f"seed {seed} case {case.name if case else 'nominal'}"
                 with scaled_state(ref_model, case.state_scale if case else {}):
-                    ref_out = ref_model(*scaled(inputs, case))
-                # The seed's drawn tensors, shared once for all its cases: the runner scales its own copy.
-                plan.checks.append(Check(label, inputs, list(inputs), ref_out, case))
+                    refs.append(ref_model(*scaled(inputs, case)))
+            held = to_host(inputs)  # the seed's drawn tensors, shared once for all its cases: the runner
+            for case, ref_out in zip((None, *problem.numeric_stress), refs, strict=True):  # scales its own copy
+                label = f"seed {seed} case {case.name if case else 'nominal'}"
+                plan.checks.append(Check(label, held, list(held), ref_out, case))
+            del inputs
         for sc in structural:  # built from the first seed's inputs (a copy: 06's are GBs to redraw)
             case_inputs = getattr(reference, sc.function)(first, **sc.params)
-            plan.checks.append(Check(f"seed {seeds[0]} case {sc.name}", case_inputs, list(case_inputs),
-                                     ref_model(*case_inputs), structural_tolerance))
+            ref_out = ref_model(*case_inputs)
+            held = to_host(case_inputs)
+            plan.checks.append(Check(f"seed {seeds[0]} case {sc.name}", held, list(held), ref_out,
+                                     structural_tolerance))
+        del first
         for seed in timing_seeds:
             inputs = draw_fresh(reference, seed + 7919 * shape.idx, device, problem.draw_on_device)
             plan.timing_sets.append(inputs)

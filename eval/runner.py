@@ -250,8 +250,9 @@ class _Runner:
         if self.pinned is not None:
             unpin_host(self.pinned)
             self.pinned = None
-        for earlier in self.loaded.values():
-            earlier.checks = []  # done with: let their shared memory go
+        for earlier in self.loaded.values():  # checked and timed: only a CUDA-graph replay of its timing sets is left
+            earlier.checks = []  # let their shared memory go
+            earlier.proof, earlier.proof_probes = [], []  # and the floor batches' device memory (06: 8.6 GB)
         base = map_arena(fds[0], request["arena_size"])
         for extra in fds[1:]:
             os.close(extra)

@@ -86,6 +86,9 @@ ROUTER_CLEAR_FACTOR, ROUTER_CLEAR_DRAWS = 4.0, 8
 L2_FLUSH_FACTOR = 2
 #: … and never smaller than this many bytes.
 MIN_FLUSH_BYTES = 1 << 24
+#: What a GPU holds for a grading beyond the tensors the grader counts (`judge._fits_beside_judge`): the
+#: judge's and the runner's CUDA contexts (about 0.5 GB each on the H100) and their allocators' slack.
+GRADER_CONTEXTS_BYTES = 2 << 30
 #: Timed calls rotate over at least this many input sets (an output cache cannot serve them).
 MIN_INPUT_SETS = 2
 #: Timed calls are refilled from this many pool input sets (≥ 3: a live set never sees the same
@@ -292,6 +295,12 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: whose dot multiplied their bit patterns: a correct bf16 kernel was `wrong` on the CPU; and masks off, and says in
 #: the log, a lane outside the tensors a launch was given, which the interpreter read from host memory. GPU
 #: gradings are unchanged and no committed row is a CPU grading.
+#: 0.5.15 fits 06's headline shape on an 80 GB H100: the judge keeps the checks' inputs on the host and lets go
+#: of its timing and floor-batch sets before the runner places its own (15 GB each side); the runner drops a
+#: checked shape's floor batches; a grading's runner tree is killed and waited for whole (eval/proctree.py);
+#: and a shape whose grader-side demand cannot fit the GPU is not_graded, never the candidate's `oom`. Before,
+#: every 06 grading on the H100, the house reference's too, was `oom` (none was committed). What a kernel is
+#: checked and timed against is unchanged.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 #: Passes an earlier grader gave under a looser check than the current one, as (the first grader with the

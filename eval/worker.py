@@ -31,7 +31,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from . import jail
+from . import jail, proctree
 from .atomic import write_text_atomic
 from .failure import Failure, one_line
 from .job import Job, JobError
@@ -42,21 +42,33 @@ _ERROR_TEXT = 16_000  # characters of a failure's error text kept in the result 
 
 class RunnerProcess:
     """The runner as the judge holds it: a process (bwrap's, when sandboxed) with the pid, kill,
-    join and exit code that link.py uses; its cgroup is removed once it is reaped."""
+    join and exit code that link.py uses; its cgroup is removed once it is reaped. `kill` kills the
+    runner's whole tree, bwrap's session and pid namespace included, and `join` waits until every
+    process of it has exited (proctree.py), so its GPU memory is free before the next grading."""
 
     def __init__(self, confined: jail.Confined) -> None:
         self.confined, self.pid = confined, confined.proc.pid
         self.sandboxed = confined.description != jail.UNSANDBOXED
+        self.tree: list[int] = []  # the processes below it, as found when it was killed
 
     def kill(self) -> None:
+        if self.confined.proc.poll() is None:  # while it lives, its tree hangs below it
+            self.tree += [pid for pid in proctree.descendants(self.pid) if pid not in self.tree]
+        proctree.kill(self.tree)
         with contextlib.suppress(ProcessLookupError):
             self.confined.proc.kill()
 
     def join(self, timeout: float | None = None) -> None:
+        started = time.monotonic()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.confined.proc.wait(timeout=timeout)
-        if self.confined.proc.returncode is not None:
-            self.confined.release()
+        if self.confined.proc.returncode is None:
+            return
+        left = proctree.wait_exited(self.tree, max(0.0, (timeout or 30.0) - (time.monotonic() - started)))
+        if left:
+            print(f"[worker] {len(left)} process(es) of the runner still ran {time.monotonic() - started:.0f} s "
+                  f"after it was killed (pids {', '.join(map(str, left))})", flush=True)
+        self.confined.release()
 
     @property
     def exitcode(self) -> int | None:

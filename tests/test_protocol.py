@@ -410,3 +410,51 @@ def test_a_probe_frame_that_is_not_what_the_judge_asked_for_is_refused(pair, pro
                                [memoryview(blob)] if blob else [])
     with pytest.raises(Failure, match=f"broke the protocol: {why}"):
         link.ask("time", "shape 0: timing").probes(2)
+
+
+def test_the_judge_lets_go_of_its_sets_before_the_runner_places_them_and_refuses_a_demand_over_the_gpu(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """06's headline shape on an 80 GB H100 (2026-12-06): the judge still held its 15 GB of timing and
+    floor-batch sets when the runner placed its own copies, and every grading, the house reference's
+    included, ran out of memory and was labelled `oom`, the candidate's failure. The judge now drops its
+    copies (and the checks' inputs, kept on the host) before the runner is asked, and where the
+    grader's own demand cannot fit the GPU, the shape is not_graded in the judge's words, never `oom`."""
+    import sys
+    from pathlib import Path
+
+    from kernelboard.eval import judge
+    from kernelboard.eval.deck import load_problem
+    from kernelboard.eval.plan import import_file, make_plan
+
+    monkeypatch.setitem(sys.modules, "reference", None)
+    problem = load_problem(Path(__file__).resolve().parents[1] / "eval" / "decks" / "hard" / "06_sonic_moe_swiglu")
+    reference = import_file("reference", problem.reference_path)
+    gb = 10**9
+    asked: list[tuple[int, int, int]] = []
+
+    class Link:
+        def ask(self, op: str, what: str, **request: object) -> None:
+            asked.append((len(plan.timing_sets), len(plan.proof_sets), sum(len(c.inputs) for c in plan.checks)))
+
+    free = {"bytes": 78 * gb}
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (free["bytes"], 79 * gb))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 22 * gb)
+    logged: list[str] = []
+    monkeypatch.setattr(judge, "log", lambda tag, message: logged.append(message))
+    plan = make_plan(problem, reference, problem.shapes_for("cpu")[:1], [42], (1, 2), "cpu", proof_seed=5)[0]
+    assert plan.timing_sets and plan.proof_sets
+    arena, shared = judge._share(Link(), plan, 0, 42, False, "cuda")  # type: ignore[arg-type]
+    arena.unpin()
+    assert asked == [(0, 0, 0)]  # nothing of the judge's sets is held while the runner places its own
+    assert len(shared) == len(plan.checks) and all(check.pristine for check in plan.checks)
+    assert any("the judge holds 22.00 GB of the GPU" in line for line in logged)
+
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 65 * gb)  # the judge's share before the fix
+    with pytest.raises(Failure) as refused:
+        judge._fits_beside_judge(plan, 18 * gb)
+    assert refused.value.status == "not_graded"
+    assert refused.value.message.startswith("shape 0: the grader's own use of the GPU does not fit its 79.0 GB: "
+                                            "the judge holds 65.0 GB and the runner would place 18.0 GB")
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 22 * gb)
+    judge._fits_beside_judge(plan, 18 * gb)  # 06's headline as the judge now holds it: fits
