@@ -214,10 +214,10 @@ def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int, keep_timing_inp
     plan.proof_inputs = plan.proof_sets if routed else []
     plan.timing_sets = []
     plan.proof_sets = []
-    if device == "cuda":
-        torch.cuda.empty_cache()  # the sets moved to the arena: give their memory back before the runner's copies
-        _fits_beside_judge(plan, placed)
     try:
+        if device == "cuda":
+            torch.cuda.empty_cache()  # the sets moved to the arena: their memory back before the runner's copies
+            _fits_beside_judge(plan, placed)
         link.ask("shape", f"shape {plan.shape.idx}: building Model", fds=(arena.fd,), shape=k, seed=seed,
                  arena_size=arena.size, values=arena.encoded,
                  layout=[list(keys) for keys in plan.layout.layers] if plan.layout is not None else None,
