@@ -447,6 +447,7 @@ def test_the_judge_lets_go_of_its_sets_before_the_runner_places_them_and_refuses
     arena, shared = judge._share(Link(), plan, 0, 42, False, "cuda")  # type: ignore[arg-type]
     arena.unpin()
     assert asked == [(0, 0, 0)]  # nothing of the judge's sets is held while the runner places its own
+    assert plan.state_dict == {}  # nor the Model's state, which the runner's Model holds
     assert len(shared) == len(plan.checks) and all(check.pristine for check in plan.checks)
     assert any("the judge holds 22.00 GB of the GPU" in line for line in logged)
 
