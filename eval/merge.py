@@ -119,6 +119,22 @@ def _merge_logs(src: Path, dst: Path, gpu: str, won: Iterable[str]) -> None:
                 fh.write(("" if not have or have.endswith("\n") else "\n") + "".join(missing))
 
 
+def problems_on_boards(results_dir: Path) -> Counter:
+    """(gpu, bench, problem) -> how many results of it a folder holds on its boards (`off_board` rows are not
+    shown there). A problem joins a GPU's board with its first result, and the site then holds every AI model
+    with an ungraded run of it unranked until all are graded, which `eval merge` says (sitegen/board.py)."""
+    held: Counter = Counter()
+    if not has_tables(results_dir):
+        return held
+    for gpu_dir in sorted(p for p in results_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        runs = {r["run_id"]: r for r in _rows(results_dir, gpu_dir.name, "runs")}
+        for result in _rows(results_dir, gpu_dir.name, "results"):
+            run = runs.get(result["run_id"])
+            if run is not None and not result.get("off_board"):
+                held[gpu_dir.name, run["bench"], run["problem"]] += 1
+    return held
+
+
 def has_tables(results_dir: Path) -> bool:
     """Does this folder hold results tables, in <gpu>/ folders?"""
     return any(results_dir.glob("*/*.parquet"))

@@ -166,8 +166,9 @@ def eval_merge(sources: tuple[Path, ...], into: Path, skip: tuple[str, ...]) -> 
     Where both hold the same run or baseline, the later measurement wins, so the order of the
     sources does not matter and a stale copy never replaces a fresh grading.
     """
-    from kernelboard.eval.merge import merge_results
+    from kernelboard.eval.merge import merge_results, problems_on_boards
 
+    before = problems_on_boards(into)
     for src in sources:
         report = merge_results(src, into, skip=frozenset(skip))
         counts = "; ".join(f"{name} {c['added']} added, {c['replaced']} replaced, {c['kept']} kept"
@@ -175,6 +176,11 @@ def eval_merge(sources: tuple[Path, ...], into: Path, skip: tuple[str, ...]) -> 
         if report["shapes"]["removed"]:
             counts += f"; {report['shapes']['removed']} shape rows removed (their run's result has none)"
         click.echo(f"{src} -> {into}: {counts}")
+    for (gpu, bench, problem), count in sorted(problems_on_boards(into).items()):
+        if (gpu, bench, problem) not in before:
+            click.echo(f"{gpu}: {problem} joins its {bench} board with {count} result{'s' * (count != 1)}; every AI "
+                       f"model with a published run of it not graded there is unranked until it is "
+                       f"(`kernelboard eval todo --gpu {gpu}` says how many are left)")
 
 
 @eval.command("todo")

@@ -192,3 +192,24 @@ def test_skipped_runs_are_left_out_whole_and_an_unknown_one_is_refused(folders: 
     bad = runner.invoke(main, ["eval", "merge", str(src), "--into", str(dst), "--skip", "no_such_run"])
     assert bad.exit_code == 2 and "no grading of no_such_run here to skip" in bad.output
     assert "Traceback" not in bad.output and len(bad.output.strip().splitlines()) == 1
+
+
+def test_a_merge_that_brings_a_problem_onto_a_board_says_so(folders: tuple[Path, Path]) -> None:
+    """The first result of a problem on a GPU's board holds every model with an ungraded run of it
+    unranked: merging two 06 rows into the H100 SXM board left one of its 17 AI models ranked
+    (2026-12-06). The merge says which problem joins which board, and only then."""
+    src, dst = folders
+    for name in ("results", "shapes", "runs"):
+        _edit(dst, name, lambda rows: [r for r in rows if "_03_paged_attention" not in r["run_id"]])
+    for log in (dst / GPU / "logs").glob("*_03_paged_attention*"):
+        log.unlink()
+    joined = CliRunner().invoke(main, ["eval", "merge", str(src), "--into", str(dst)])
+    assert joined.exit_code == 0, joined.output
+    paged = sum(r["run_id"].endswith("_03_paged_attention") for r in read_table(
+        table_path(REAL, GPU, "results"), "results").to_pylist())
+    assert (f"h200: 03_paged_attention joins its hard board with {paged} results; every AI model with a published "
+            "run of it not graded there is unranked until it is (`kernelboard eval todo --gpu h200` says how many "
+            "are left)") in joined.output
+    assert joined.output.count(" joins its ") == 1
+    again = CliRunner().invoke(main, ["eval", "merge", str(src), "--into", str(dst)])
+    assert again.exit_code == 0 and " joins its " not in again.output
