@@ -196,7 +196,7 @@ def test_skipped_runs_are_left_out_whole_and_an_unknown_one_is_refused(folders: 
 
 def test_a_merge_that_brings_a_problem_onto_a_board_says_so(folders: tuple[Path, Path]) -> None:
     """The first result of a problem on a GPU's board holds every model with an ungraded run of it
-    unranked: merging two 06 rows into the H100 SXM board left one of its 17 AI models ranked
+    unranked: merging two 06 rows into the H100 SXM board left one of its 19 AI models ranked
     (2026-12-06). The merge says which problem joins which board, and only then."""
     src, dst = folders
     for name in ("results", "shapes", "runs"):
