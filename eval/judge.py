@@ -34,7 +34,7 @@ import gc
 import json
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,16 @@ from .failure import Failure, one_line
 from .job import Job
 from .link import Received, Reply, RunnerLink, part_label
 from .phases import Phases
-from .plan import ROUTER_NEAR_TIE, Check, ShapePlan, build_model, import_file, install_shapes_module, make_plan
+from .plan import (
+    ROUTER_NEAR_TIE,
+    Check,
+    ShapePlan,
+    build_model,
+    import_file,
+    install_shapes_module,
+    make_plan,
+    nbytes,
+)
 from .probe import probe_environment
 from .protocol import Arena, TensorRef
 from .settings import (
@@ -206,7 +215,7 @@ def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int, keep_timing_inp
     arena = Arena({"init_args": plan.init_args, "state_dict": plan.state_dict,
                    "checks": [c.inputs for c in plan.checks], "timing": plan.timing_sets, "proof": plan.proof_sets})
     log("worker", f"shape {plan.shape.idx}: {arena.size / 1e9:.2f} GB of inputs and state copied to shared memory")
-    placed = _nbytes(plan.state_dict.values(), *plan.timing_sets, *(s for batch in plan.proof_sets for s in batch))
+    placed = nbytes(plan.state_dict.values(), *plan.timing_sets, *(s for batch in plan.proof_sets for s in batch))
     for check in plan.checks:
         check.inputs = []  # the arena holds the runner's copy; `pristine` keeps the judge's
     routed = plan.reference_step is not None  # its other expert choices are computed from the sets (_RunnerUps)
@@ -232,10 +241,6 @@ def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int, keep_timing_inp
         arena.close_fd()
     return arena, [[arena.view(r) if isinstance(r, TensorRef) else None for r in inputs]
                    for inputs in arena.encoded["checks"]]
-
-
-def _nbytes(*groups: Iterable[Any]) -> int:
-    return sum(x.numel() * x.element_size() for group in groups for x in group if isinstance(x, torch.Tensor))
 
 
 def _fits_beside_judge(plan: ShapePlan, placed: int) -> None:

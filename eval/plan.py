@@ -9,7 +9,7 @@ import math
 import sys
 import time
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -333,8 +333,9 @@ def _plan_steps(problem: Problem, spec: Stateful, reference: types.ModuleType, r
         plan.reference_step, plan.routers = step, len(step.last_margins)
 
 
-def _nbytes(inputs: list[Any]) -> int:
-    return sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
+def nbytes(*groups: Iterable[Any]) -> int:
+    """The bytes the tensors of these input sets (or any iterables of values) hold."""
+    return sum(x.numel() * x.element_size() for group in groups for x in group if isinstance(x, torch.Tensor))
 
 
 def _proof_sets(plan: ShapePlan, reference: types.ModuleType, ref_model: torch.nn.Module, seed: int,
@@ -367,7 +368,7 @@ def _proof_sets(plan: ShapePlan, reference: types.ModuleType, ref_model: torch.n
             sets.append(inputs)
             refs.append(ref)
             seeds.append(s)
-            size += _nbytes(inputs)
+            size += nbytes(inputs)
             if device == "cuda":
                 torch.cuda.synchronize()  # the budget is the references' time, not their launches'
         held += size
