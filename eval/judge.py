@@ -74,6 +74,7 @@ from .probe import probe_environment
 from .protocol import Arena, TensorRef
 from .settings import (
     BASELINE_TIMING_SEEDS,
+    CANDIDATE_GPU_SHARE_MIN,
     COVER_UNCOVERED_SHARE,
     GRADER_CONTEXTS_BYTES,
     LAUNCH_BOUND_MS,
@@ -215,7 +216,9 @@ def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int, keep_timing_inp
     arena = Arena({"init_args": plan.init_args, "state_dict": plan.state_dict,
                    "checks": [c.inputs for c in plan.checks], "timing": plan.timing_sets, "proof": plan.proof_sets})
     log("worker", f"shape {plan.shape.idx}: {arena.size / 1e9:.2f} GB of inputs and state copied to shared memory")
-    placed = nbytes(plan.state_dict.values(), *plan.timing_sets, *(s for batch in plan.proof_sets for s in batch))
+    plan.kept_bytes = nbytes(plan.state_dict.values(), *plan.timing_sets)
+    plan.proof_bytes = nbytes(*(s for batch in plan.proof_sets for s in batch))
+    placed = plan.kept_bytes + plan.proof_bytes
     for check in plan.checks:
         check.inputs = []  # the arena holds the runner's copy; `pristine` keeps the judge's
     routed = plan.reference_step is not None  # its other expert choices are computed from the sets (_RunnerUps)
@@ -251,13 +254,49 @@ def _fits_beside_judge(plan: ShapePlan, placed: int) -> None:
     fits: the judge measures it here, as the runner's report cannot be believed."""
     free, total = torch.cuda.mem_get_info()
     held = torch.cuda.memory_reserved()
-    log("worker", f"shape {plan.shape.idx}: the judge holds {held / 1e9:.2f} GB of the GPU, the runner is given "
+    log("worker", f"shape {plan.shape.idx}: the judge holds {held / 1e9:.2f} GB of the GPU "
+                  f"({torch.cuda.memory_allocated() / 1e9:.2f} GB of it in tensors), the runner is given "
                   f"{placed / 1e9:.2f} GB to place there; {free / 1e9:.2f} GB of {total / 1e9:.2f} GB free")
     if held + placed + GRADER_CONTEXTS_BYTES > total:
         raise Failure("not_graded", f"shape {plan.shape.idx}: the grader's own use of the GPU does not fit its "
                                     f"{total / 1e9:.1f} GB: the judge holds {held / 1e9:.1f} GB and the runner would "
                                     f"place {placed / 1e9:.1f} GB (the Model's state, the timing and floor-batch "
                                     "sets), before any memory of the candidate's")
+
+
+def _free_whole_pages() -> None:
+    """Have the judge's CUDA allocator map its segments page by page (expandable segments), so that what
+    it frees goes back to the GPU. With torch's default, a segment is one allocation, and a block freed
+    inside it is reused but never returned while any of it is live: 06's headline references came to lie
+    in the blocks its GBs of drawn inputs had left, and after `empty_cache` the judge still held 42.4 GB
+    of the H100, about 18.5 GB of it in tensors by their sizes (2026-12-06). The runner, the candidate's
+    process, keeps torch's default allocator, as the field's harnesses run it."""
+    try:
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    except (AttributeError, RuntimeError) as exc:  # a torch without them: the log says what that costs
+        log("worker", f"the judge's allocator keeps whole segments ({one_line(type(exc).__name__, str(exc))}): "
+                      "memory it frees may stay reserved beside the runner")
+
+
+def _oom_verdict(failure: Failure, plans: list[ShapePlan]) -> Failure:
+    """A runner's out-of-memory error, judged by what the grader itself held of the GPU then: the
+    candidate's (`oom`) only where it had at least CANDIDATE_GPU_SHARE_MIN of the GPU's memory beside
+    the judge's hold, what the runner was given to place (every shape's state and timing sets, the
+    current shape's floor batches: the runner keeps them) and the CUDA contexts; else not_graded. The
+    judge measures its own hold (its cache let go first); the runner's word on its memory is not taken."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    _, total = torch.cuda.mem_get_info()
+    judge = torch.cuda.memory_reserved()
+    placed = sum(p.kept_bytes for p in plans) + (plans[-1].proof_bytes if plans else 0)
+    left = total - judge - placed - GRADER_CONTEXTS_BYTES
+    share = (f"{left / 1e9:.1f} of the GPU's {total / 1e9:.1f} GB were the candidate's (the grader's own: the judge "
+             f"{judge / 1e9:.1f} GB, placed in the runner {placed / 1e9:.1f} GB, CUDA contexts "
+             f"{GRADER_CONTEXTS_BYTES / 1e9:.1f} GB)")
+    if left >= CANDIDATE_GPU_SHARE_MIN * total:
+        return Failure("oom", f"{failure.message} [{share}]", failure.detail)
+    return Failure("not_graded", f"the grader's own use of the GPU left the candidate under "
+                                 f"{CANDIDATE_GPU_SHARE_MIN:.0%} of it: {share}; {failure.message}", failure.detail)
 
 
 def _probe_spec(seed: int, ref: Output) -> list[list[int]]:
@@ -682,12 +721,46 @@ def _graph_times(link: RunnerLink, problem: Problem, plans: list[ShapePlan], sha
         row["graph_ms"] = statistics.median(reply.samples("samples_ms"))
 
 
+def _grade_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, seed: int, switches: Switches,
+                 phases: Phases, device: str, rows: list[dict[str, Any]]) -> int:
+    """Check, then time, one shape of a grading; appends its row to `rows`, returns how many checks ran."""
+    arena, shared = _share(link, plan, k, seed, problem.rule_reads_inputs, device)
+    log("worker", f"shape {plan.shape.idx}: inputs shared, the solution's Model built")
+    if problem.stateful is not None:
+        one = sum(1 for c in plan.checks if len(c.tied) == 1)
+        several = sum(1 for c in plan.checks if len(c.tied) > 1)
+        log("worker", f"shape {plan.shape.idx}: {one + several} of {len(plan.checks)} steps at a router near-tie: "
+                      f"{one} with one router tied (held element-wise to the reference's output or that router's "
+                      f"runner-up choice), {several} with several (element-wise up to the first tied router's "
+                      "layer, the cosine rule alone after it)")
+    try:
+        worst = _check_shape(link, problem, plan, k, shared, switches)
+    finally:
+        arena.unpin()
+    checked = len(plan.checks)
+    plan.checks.clear()  # the next shape's plan may be large (06: GBs per input); the timing refs stay
+    del shared
+    log("worker", f"shape {plan.shape.idx} correct (‖d‖/‖ref‖ ≤ {worst:.3g})")
+    phases.enter("timing")
+    stats, audited = _time_shape(link, problem, plan, k, switches, device)
+    # The floor batches are done. A router problem's reference (a GB on the Mega step) stays only
+    # where a CUDA-graph replay of this shape is verified later (_graph_times).
+    plan.proof_inputs, plan.proof_refs = [], []  # (06's headline: 3.2 GB of references on the judge's GPU)
+    if device != "cuda" or stats.median_ms >= LAUNCH_BOUND_MS:
+        plan.reference_step = None
+    log("worker", f"shape {plan.shape.idx} median {stats.median_ms:.4f} ms × {stats.iterations}")
+    rows.append({"idx": plan.shape.idx, **stats.row(), "wall_ms": stats.wall_ms, "max_rel_err": worst, **audited})
+    return checked
+
+
 def grade(job: Job, result: dict[str, Any], phases: Phases, link: RunnerLink) -> None:
     """Grade one submission with the runner `link` drives, filling `result` as it goes (so a
     failure keeps env and seeds)."""
     if job.solution_dir is None:
         raise ValueError("a grading job names no solution_dir")
     device, base_seed = job.device, job.base_seed
+    if device == "cuda":
+        _free_whole_pages()
     problem = load_problem(job.problem_path)
     solution_dir = job.solution_dir
     shapes = problem.shapes_for(device)
@@ -710,41 +783,20 @@ def grade(job: Job, result: dict[str, Any], phases: Phases, link: RunnerLink) ->
     if device == "cuda":
         result["l2"] = link.ask("gpu_setup", "resetting persisting L2", l2_bytes=env["l2_bytes"]).text("l2")
     plans, n_checks = [], 0
-    for k, shape in enumerate(shapes):
-        phases.enter("correctness")
-        pool_seeds = tuple(base_seed + 1 + i for i in range(TIMING_POOL_SETS))
-        plan = make_plan(problem, reference, (shape,), seeds, pool_seeds, device, proof_seed=base_seed + 97)[0]
-        log("worker", f"shape {shape.idx}: inputs drawn, {len(plan.checks)} reference outputs computed")
-        plans.append(plan)
-        arena, shared = _share(link, plan, k, seeds[0], problem.rule_reads_inputs, device)
-        log("worker", f"shape {shape.idx}: inputs shared, the solution's Model built")
-        if problem.stateful is not None:
-            one = sum(1 for c in plan.checks if len(c.tied) == 1)
-            several = sum(1 for c in plan.checks if len(c.tied) > 1)
-            log("worker", f"shape {shape.idx}: {one + several} of {len(plan.checks)} steps at a router near-tie: "
-                          f"{one} with one router tied (held element-wise to the reference's output or that router's "
-                          f"runner-up choice), {several} with several (element-wise up to the first tied router's "
-                          "layer, the cosine rule alone after it)")
-        try:
-            worst = _check_shape(link, problem, plan, k, shared, switches)
-        finally:
-            arena.unpin()
-        n_checks += len(plan.checks)
-        plan.checks.clear()  # the next shape's plan may be large (06: GBs per input); the timing refs stay
-        del shared
-        log("worker", f"shape {plan.shape.idx} correct (‖d‖/‖ref‖ ≤ {worst:.3g})")
-        phases.enter("timing")
-        stats, audited = _time_shape(link, problem, plan, k, switches, device)
-        # The floor batches are done. A router problem's reference (a GB on the Mega step) stays only
-        # where a CUDA-graph replay of this shape is verified later (_graph_times).
-        plan.proof_inputs = []
-        if device != "cuda" or stats.median_ms >= LAUNCH_BOUND_MS:
-            plan.reference_step = None
-        log("worker", f"shape {plan.shape.idx} median {stats.median_ms:.4f} ms × {stats.iterations}")
-        result["shapes"].append({"idx": plan.shape.idx, **stats.row(), "wall_ms": stats.wall_ms,
-                                 "max_rel_err": worst, **audited})
-    if device == "cuda":
-        _graph_times(link, problem, plans, result["shapes"])
+    try:
+        for k, shape in enumerate(shapes):
+            phases.enter("correctness")
+            pool_seeds = tuple(base_seed + 1 + i for i in range(TIMING_POOL_SETS))
+            plan = make_plan(problem, reference, (shape,), seeds, pool_seeds, device, proof_seed=base_seed + 97)[0]
+            log("worker", f"shape {shape.idx}: inputs drawn, {len(plan.checks)} reference outputs computed")
+            plans.append(plan)
+            n_checks += _grade_shape(link, problem, plan, k, seeds[0], switches, phases, device, result["shapes"])
+        if device == "cuda":
+            _graph_times(link, problem, plans, result["shapes"])
+    except Failure as failure:
+        if failure.status == "oom" and device == "cuda":
+            raise _oom_verdict(failure, plans) from failure
+        raise
     cases = (f"{problem.stateful.check_steps} consecutive steps, every state tensor" if problem.stateful
              else f"{1 + len(problem.numeric_stress)} numeric cases + structural cases")
     result.update(status="pass", message=f"correct on all {n_checks} checks ({len(plans)} shapes × "

@@ -213,6 +213,10 @@ class ShapePlan:
     # (judge.py `_RunnerUps`), and how many routers one step has.
     reference_step: StepAdapter | None = None
     routers: int = 0
+    # What the runner is given to place on its GPU (judge._share): the state and timing sets it keeps to
+    # the grading's end (a CUDA-graph replay), and the floor batches it drops at the next shape.
+    kept_bytes: int = 0
+    proof_bytes: int = 0
 
 
 @torch.no_grad()

@@ -89,6 +89,11 @@ MIN_FLUSH_BYTES = 1 << 24
 #: What a GPU holds for a grading beyond the tensors the grader counts (`judge._fits_beside_judge`): the
 #: judge's and the runner's CUDA contexts (about 0.5 GB each on the H100) and their allocators' slack.
 GRADER_CONTEXTS_BYTES = 2 << 30
+#: A runner's out-of-memory error is the candidate's (`oom`) only where it had at least this share of the
+#: GPU's memory beside the grader's own (`judge._oom_verdict`); else the grading is not_graded. The field's
+#: harnesses hold the reference beside the candidate in one process; ours holds more (every check's
+#: reference, the timing and floor-batch sets), so a kernel is promised half of the GPU, not all but that.
+CANDIDATE_GPU_SHARE_MIN = 0.5
 #: Timed calls rotate over at least this many input sets (an output cache cannot serve them).
 MIN_INPUT_SETS = 2
 #: Timed calls are refilled from this many pool input sets (≥ 3: a live set never sees the same
@@ -301,6 +306,11 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: and a shape whose grader-side demand cannot fit the GPU is not_graded, never the candidate's `oom`. Before,
 #: every 06 grading on the H100, the house reference's too, was `oom` (none was committed). What a kernel is
 #: checked and timed against is unchanged.
+#: 0.5.16: on the H100, 0.5.15's judge still held 42.4 GB at 06's headline (its references lay in blocks its freed
+#: inputs had left, which `empty_cache` cannot return), and the house kernel was `oom` again. The judge's allocator
+#: now maps its segments page by page (expandable segments), drops each shape's floor-batch references once it is
+#: timed, and a runner's OOM is the candidate's only where it had half of the GPU beside the grader's own share
+#: (CANDIDATE_GPU_SHARE_MIN). What a kernel is checked and timed against is unchanged.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 #: Passes an earlier grader gave under a looser check than the current one, as (the first grader with the

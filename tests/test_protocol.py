@@ -440,6 +440,7 @@ def test_the_judge_lets_go_of_its_sets_before_the_runner_places_them_and_refuses
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (free["bytes"], 79 * gb))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 22 * gb)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 19 * gb)
     logged: list[str] = []
     monkeypatch.setattr(judge, "log", lambda tag, message: logged.append(message))
     plan = make_plan(problem, reference, problem.shapes_for("cpu")[:1], [42], (1, 2), "cpu", proof_seed=5)[0]
@@ -449,7 +450,7 @@ def test_the_judge_lets_go_of_its_sets_before_the_runner_places_them_and_refuses
     assert asked == [(0, 0, 0)]  # nothing of the judge's sets is held while the runner places its own
     assert plan.state_dict == {}  # nor the Model's state, which the runner's Model holds
     assert len(shared) == len(plan.checks) and all(check.pristine for check in plan.checks)
-    assert any("the judge holds 22.00 GB of the GPU" in line for line in logged)
+    assert any("the judge holds 22.00 GB of the GPU (19.00 GB of it in tensors)" in line for line in logged)
 
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 65 * gb)  # the judge's share before the fix
     with pytest.raises(Failure) as refused:
@@ -459,3 +460,34 @@ def test_the_judge_lets_go_of_its_sets_before_the_runner_places_them_and_refuses
                                             "the judge holds 65.0 GB and the runner would place 18.0 GB")
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 22 * gb)
     judge._fits_beside_judge(plan, 18 * gb)  # 06's headline as the judge now holds it: fits
+
+
+@pytest.mark.parametrize(("judge_gb", "status"), [(15, "oom"), (20, "not_graded")])
+def test_an_out_of_memory_error_is_the_candidates_only_where_it_had_half_the_gpu(
+        monkeypatch: pytest.MonkeyPatch, judge_gb: int, status: str) -> None:
+    """The house 06 kernel was `oom` on an 80 GB H100 with 26.7 GB of its own in use, beside a judge
+    that held 42.4 GB (2026-12-06): the grader's own share, not the kernel, left it short. A runner's
+    OOM is now weighed against what the judge holds (measured by the judge, after letting go of its
+    cache) and what the runner was given to place: every shape's kept state and timing sets, the
+    current shape's floor batches, not the earlier shapes' (the runner drops them)."""
+    from kernelboard.eval import judge
+    from kernelboard.eval.plan import ShapePlan
+    from kernelboard.eval.problem import Shape
+
+    gb = 10**9
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (3 * gb, 79 * gb))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: judge_gb * gb)
+    shape = Shape(0, "headline", {})
+    plans = [ShapePlan(shape, [], {}, kept_bytes=10 * gb, proof_bytes=9 * gb),
+             ShapePlan(shape, [], {}, kept_bytes=5 * gb, proof_bytes=3 * gb)]
+    said = "shape 1 check 3: OutOfMemoryError: CUDA out of memory."
+    verdict = judge._oom_verdict(Failure("oom", said, detail="the whole text"), plans)
+    assert verdict.status == status and verdict.detail == "the whole text"
+    left = 79 - judge_gb - 18 - 2 * 2**30 / gb  # 10 + 5 kept, the last shape's 3 of floor batches
+    share = (f"{left:.1f} of the GPU's 79.0 GB were the candidate's (the grader's own: the judge {judge_gb:.1f} GB, "
+             "placed in the runner 18.0 GB, CUDA contexts 2.1 GB)")
+    if status == "oom":
+        assert verdict.message == f"{said} [{share}]"
+    else:
+        assert verdict.message == f"the grader's own use of the GPU left the candidate under 50% of it: {share}; {said}"
