@@ -310,7 +310,8 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: inputs had left, which `empty_cache` cannot return), and the house kernel was `oom` again. The judge's allocator
 #: now maps its segments page by page (expandable segments), drops each shape's floor-batch references once it is
 #: timed, and a runner's OOM is the candidate's only where it had half of the GPU beside the grader's own share
-#: (CANDIDATE_GPU_SHARE_MIN). What a kernel is checked and timed against is unchanged.
+#: (CANDIDATE_GPU_SHARE_MIN); `correctness.compare` works in fp64 chunks (COMPARE_CHUNK), and an earlier shape keeps
+#: one timing reference (a CUDA-graph replay's). What a kernel is checked and timed against is unchanged.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 #: Passes an earlier grader gave under a looser check than the current one, as (the first grader with the

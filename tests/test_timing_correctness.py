@@ -289,3 +289,36 @@ def test_the_runners_feed_hands_the_judge_the_kept_loops_probes_and_outputs() ->
     feed.restore(kept)
     assert len(feed.taken) == 3 and all(100 <= float(t[0].max()) < 200 for t in feed.taken)
     assert [float(out[0]) for out in feed.last] == [100.0, 101.0, 102.0]
+
+
+@pytest.mark.parametrize("case", ["pass", "bad elements", "nan in the reference", "exact", "norm only"])
+def test_compare_in_chunks_says_what_one_pass_says(monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """`compare` takes a large output in fp64 chunks (06's widest output needed 4 GiB more than the judge
+    had on the H100 in one pass): its verdict, message and normalised error must not depend on the chunk."""
+    from kernelboard.eval import correctness
+
+    gen = torch.Generator().manual_seed(7)
+    ref = torch.randn(37, 29, generator=gen).to(torch.bfloat16)
+    out = (ref.float() + 1e-3 * torch.randn(37, 29, generator=gen)).to(torch.bfloat16)
+    atol, rtol, rel_max = 1e-2, 1e-2, None
+    if case == "bad elements":
+        ref[3, 4] = ref[30, 1] = ref[36, 28] = 0.0
+        out[3, 4], out[30, 1], out[36, 28] = 5.0, -7.0, 7.0  # the two largest tie: the first is the worst
+        ref[20, 20], out[20, 20] = 1024.0, 1032.0  # within rtol: never the worst, yet the largest abs diff
+    elif case == "nan in the reference":
+        ref[10, 3] = float("nan")
+    elif case == "exact":
+        atol = rtol = 0.0
+        out[5, 5] = out[5, 5] + 1
+    elif case == "norm only":
+        atol, rel_max = 10.0, 0.25
+        out = torch.zeros_like(ref)
+    whole = correctness.compare(ref, out, atol, rtol, rel_max)
+    monkeypatch.setattr(correctness, "COMPARE_CHUNK", 64)  # 17 chunks, the last one short
+    chunked = correctness.compare(ref, out, atol, rtol, rel_max)
+    assert (chunked.ok, chunked.message) == (whole.ok, whole.message)
+    assert chunked.rel_err == pytest.approx(whole.rel_err, rel=1e-12, nan_ok=True)
+    assert whole.ok is (case == "pass")
+    if case == "bad elements":
+        assert whole.message.startswith("3 of 1073 elements out of tolerance (atol=0.01, rtol=0.01); max abs diff 8, ")
+        assert "worst at (30, 1): got -7, expected 0" in whole.message
