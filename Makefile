@@ -88,6 +88,7 @@ bench: $(VENV)/.dev  ## CPU benchmarks, each reported as a ratio against a basel
 	@echo "site_build.py at 10,000 runs (synthetic; a few minutes on 2 cores):"
 	$(BIN)/python bench/site_build.py --runs 10000 --skip-small
 	$(BIN)/python bench/grader_overhead.py
+	$(BIN)/python bench/output_transfer.py
 
 clean:  ## remove built output and caches (keeps the virtualenvs)
 	rm -rf $(OUT) .pytest_cache .ruff_cache build *.egg-info

@@ -71,7 +71,7 @@ from .plan import (
     nbytes,
 )
 from .probe import probe_environment
-from .protocol import Arena, TensorRef
+from .protocol import Arena, OutputArea, TensorRef, slots_bytes
 from .settings import (
     BASELINE_TIMING_SEEDS,
     CANDIDATE_GPU_SHARE_MIN,
@@ -216,6 +216,8 @@ def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int, keep_timing_inp
     arena = Arena({"init_args": plan.init_args, "state_dict": plan.state_dict,
                    "checks": [c.inputs for c in plan.checks], "timing": plan.timing_sets, "proof": plan.proof_sets})
     log("worker", f"shape {plan.shape.idx}: {arena.size / 1e9:.2f} GB of inputs and state copied to shared memory")
+    outputs = OutputArea(max([slots_bytes([c.ref_out]) for c in plan.checks] + [slots_bytes(plan.timing_refs)]))
+    link.outputs_area = outputs
     plan.kept_bytes = nbytes(plan.state_dict.values(), *plan.timing_sets)
     plan.proof_bytes = nbytes(*(s for batch in plan.proof_sets for s in batch))
     placed = plan.kept_bytes + plan.proof_bytes
@@ -231,8 +233,8 @@ def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int, keep_timing_inp
         if device == "cuda":
             torch.cuda.empty_cache()  # the sets moved to the arena: their memory back before the runner's copies
             _fits_beside_judge(plan, placed)
-        link.ask("shape", f"shape {plan.shape.idx}: building Model", fds=(arena.fd,), shape=k, seed=seed,
-                 arena_size=arena.size, values=arena.encoded,
+        link.ask("shape", f"shape {plan.shape.idx}: building Model", fds=(arena.fd, outputs.fd), shape=k, seed=seed,
+                 arena_size=arena.size, outputs_size=outputs.size, values=arena.encoded,
                  layout=[list(keys) for keys in plan.layout.layers] if plan.layout is not None else None,
                  probes=[_probe_spec(s, r) for s, r in zip(plan.timing_seeds, plan.timing_refs, strict=True)],
                  proof_probes=[[_probe_spec(s, r) for s, r in zip(seeds, refs, strict=True)]
@@ -242,6 +244,7 @@ def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int, keep_timing_inp
         raise
     finally:
         arena.close_fd()
+        outputs.close_fd()
     return arena, [[arena.view(r) if isinstance(r, TensorRef) else None for r in inputs]
                    for inputs in arena.encoded["checks"]]
 

@@ -32,7 +32,16 @@ import torch
 from .correctness import PROBE_ELEMENTS, Output, check_type
 from .failure import Failure, one_line, status_of
 from .probe import torch_global_state
-from .protocol import MAX_PARTS, Channel, Deadline, ProtocolError, RunnerGone, decode_tensor, tensor_meta
+from .protocol import (
+    MAX_PARTS,
+    Channel,
+    Deadline,
+    OutputArea,
+    ProtocolError,
+    RunnerGone,
+    decode_tensor,
+    tensor_meta,
+)
 
 T = TypeVar("T")
 _MAX_LIST = 1_000_000
@@ -51,8 +60,9 @@ class Clock(Protocol):
 
 @dataclass(frozen=True)
 class Received:
-    """One output as the judge read it: a private CPU tensor and the device the runner says it
-    was on, or — `tensor` None — why it cannot stand for the reference."""
+    """One output as the judge read it: a private tensor (on the CPU, or on the reference's device where
+    it came through the output area) and the device the runner says it was on, or — `tensor` None — why
+    it cannot stand for the reference."""
 
     tensor: torch.Tensor | tuple[torch.Tensor, ...] | None
     device: str
@@ -71,6 +81,7 @@ class Reply:
     def __init__(self, link: RunnerLink, header: dict[str, Any], what: str) -> None:
         self.link, self.header, self.what = link, header, what
         self.error: dict[str, Any] | None = None
+        self.asked = link.asked  # the request it answers (its shared outputs are overwritten after it)
         self._probes_read = "probes" not in header  # its frame comes first (RunnerLink._header)
 
     def _bad(self, detail: str) -> Failure:
@@ -148,6 +159,8 @@ class Reply:
         if not self._probes_read:  # the probe frame precedes the outputs' frames
             self._probes_read = True
             self.link._talk(self.what, lambda d: self.link.chan.skip_blob(self.link._pending.popleft(), d))
+        if self.asked != self.link.asked:  # the judge's own bug: a grader error (not_graded)
+            raise RuntimeError(f"{self.what}: the outputs read after the next request was sent")
         entries = self.header.get("outputs")
         if not (isinstance(entries, list) and len(entries) == len(refs)):
             raise self._bad(f"'outputs' is not a list of {len(refs)} entries")
@@ -162,6 +175,9 @@ class RunnerLink:
         self.proc, self.chan, self.clock = proc, Channel(sock), clock
         self._closed = False
         self._pending: deque[int] = deque()  # sizes of tensor frames announced but not read yet
+        #: Where the runner lays its replies' output tensors (judge._share gives it one per shape), or None.
+        self.outputs_area: OutputArea | None = None
+        self.asked = 0  # requests sent: a reply's shared outputs are only there until the next one
 
     def close(self) -> None:
         """Kill the runner's process group (it and everything it started) and reap it."""
@@ -224,9 +240,15 @@ class RunnerLink:
         return header
 
     def _announce(self, entry: object) -> None:
-        """Queue the frame size of one (non-tuple) output entry, or refuse the entry."""
+        """Queue the frame size of one (non-tuple) output entry, or refuse the entry (a shared one
+        must lie inside the output area the judge gave the runner)."""
         if isinstance(entry, dict) and entry.get("kind") == "tensor":
             self._pending.append(tensor_meta(entry)[3])
+        elif isinstance(entry, dict) and entry.get("kind") == "shared":
+            nbytes = tensor_meta(entry)[3]
+            if self.outputs_area is None or not self.outputs_area.holds(entry.get("at"), nbytes):
+                raise ProtocolError(f"a shared output of {nbytes} bytes at {str(entry.get('at'))[:40]!r}, outside "
+                                    "the output area")
         elif not (isinstance(entry, dict) and entry.get("kind") == "other"
                   and isinstance(entry.get("type"), str) and len(entry["type"]) <= _MAX_TEXT):
             raise ProtocolError("an output entry that is neither a tensor nor a described other value")
@@ -248,6 +270,7 @@ class RunnerLink:
         def exchange(deadline: float | None) -> dict[str, Any]:
             while self._pending:  # tensor frames of an earlier reply that nobody read
                 self.chan.skip_blob(self._pending.popleft(), deadline)
+            self.asked += 1
             self.chan.send_request({"op": op, **fields}, fds, deadline)
             return self._header(what, deadline)
 
@@ -270,10 +293,16 @@ class RunnerLink:
         if entry["kind"] == "other":
             return Received(None, "", f"output must be a plain torch.Tensor, got {entry['type']}")
         shape, dtype, device, nbytes = tensor_meta(entry)
-        self._pending.popleft()
+        framed = entry["kind"] == "tensor"
+        if framed:
+            self._pending.popleft()
         if shape != tuple(ref.shape) or dtype != ref.dtype:
-            self._talk(reply.what, lambda d: self.chan.skip_blob(nbytes, d))
+            if framed:
+                self._talk(reply.what, lambda d: self.chan.skip_blob(nbytes, d))
             return Received(None, device, check_type(ref, torch.empty(shape, dtype=dtype, device="meta")))
+        if not framed:  # checked by _announce; copied out now, while the runner waits for the next request
+            assert self.outputs_area is not None
+            return Received(self.outputs_area.read(entry["at"], shape, dtype, nbytes, ref.device), device, None)
         blob = self._talk(reply.what, lambda d: self.chan.recv_blob(nbytes, d))
         return Received(decode_tensor(blob, shape, dtype), device, None)
 

@@ -44,7 +44,17 @@ from .correctness import PROBE_ELEMENTS, probe, probe_positions
 from .deck import load_problem
 from .plan import apply_shape, build_model, import_file, install_shapes_module, scaled_positions, scaled_state
 from .probe import torch_global_state
-from .protocol import Channel, TensorRef, encode_output, map_arena, pin_host, resolve, unpin_host, view_of
+from .protocol import (
+    Channel,
+    OutputSlots,
+    TensorRef,
+    encode_output,
+    map_arena,
+    pin_host,
+    resolve,
+    unpin_host,
+    view_of,
+)
 from .stateful import StepAdapter, StepLayout
 from .timing import Feed, time_cpu, time_cuda
 
@@ -218,6 +228,9 @@ class _Runner:
         self.solution: Any = None
         self.loaded: dict[int, _Shape] = {}
         self.pinned: torch.Tensor | None = None  # the current shape's arena, while page-locked
+        # The judge's output area for the current shape (protocol.OutputArea), and whether it is page-locked.
+        self.outputs: torch.Tensor | None = None
+        self.outputs_pinned = False
         self.flush: torch.Tensor | None = None
         self.l2_bytes = 0
         self.origins: origins.KernelOrigins | None = None  # read once per runner: _op_kernels
@@ -254,8 +267,7 @@ class _Runner:
             earlier.checks = []  # let their shared memory go
             earlier.proof, earlier.proof_probes = [], []  # and the floor batches' device memory (06: 8.6 GB)
         base = map_arena(fds[0], request["arena_size"])
-        for extra in fds[1:]:
-            os.close(extra)
+        self._map_outputs(fds[1:], request.get("outputs_size"))
         if self.device == "cuda" and pin_host(base):  # every check copies its inputs in and back out
             self.pinned = base
         values = request["values"]
@@ -287,6 +299,20 @@ class _Runner:
               f"placed in {time.perf_counter() - loaded:.1f} s", flush=True)
         self.loaded[request["shape"]] = _Shape(model, checks, timing, probes, proof, proof_probes)
         return {}, []
+
+    def _map_outputs(self, fds: list[int], size: object) -> None:
+        """The new shape's output area (the first of `fds`, `size` bytes) in place of the last one's,
+        page-locked on a GPU so that an output is copied into it by DMA; none without one."""
+        if self.outputs is not None and self.outputs_pinned:
+            unpin_host(self.outputs)
+        self.outputs, self.outputs_pinned = None, False
+        if fds and type(size) is int and size > 0:
+            self.outputs = map_arena(fds[0], size)
+            self.outputs_pinned = self.device == "cuda" and pin_host(self.outputs)
+        elif fds:
+            os.close(fds[0])
+        for extra in fds[1:]:
+            os.close(extra)
 
     def _build_solution(self, init_args: list[Any]) -> tuple[torch.nn.Module, str]:
         """The solution's Model, and where it was built. As KernelBench builds it (on the CPU, then
@@ -330,7 +356,7 @@ class _Runner:
         for arg, view in placed[:1] if self.problem.stateful is not None else placed:
             if view is not None:
                 view.copy_(arg)
-        meta, blobs = encode_output(out)
+        meta, blobs = encode_output(out, OutputSlots(self.outputs))
         header.update(state=torch_global_state(), outputs=[meta])
         return header, blobs
 
@@ -344,7 +370,8 @@ class _Runner:
         else:
             stats, last = time_cpu(shape.model, None, feed=feed, **kwargs)
         self._sync()
-        encoded = [encode_output(out) for out in last]
+        slots = OutputSlots(self.outputs)
+        encoded = [encode_output(out, slots) for out in last]
         probes, probe_blobs = encode_output(_finish(feed.taken))
         header = {"samples_ms": list(stats.samples_ms), "wall_ms": stats.wall_ms, "state": torch_global_state(),
                   "probes": probes, "outputs": [meta for meta, _ in encoded],
@@ -422,7 +449,7 @@ class _Runner:
         assert self.flush is not None
         samples, out = audit.graph_replay_samples_ms(shape.model, shape.timing[0], self.flush)
         self._sync()
-        meta, blobs = encode_output(out)
+        meta, blobs = encode_output(out, OutputSlots(self.outputs))
         return {"samples_ms": samples, "outputs": [meta]}, blobs
 
 

@@ -19,7 +19,18 @@ from kernelboard.eval import runner
 from kernelboard.eval.failure import Failure
 from kernelboard.eval.link import RunnerLink
 from kernelboard.eval.phases import DEADLINE_MARGIN_S, Phases
-from kernelboard.eval.protocol import Arena, Channel, TensorRef, decode_tensor, encode_output, map_arena, tensor_meta
+from kernelboard.eval.protocol import (
+    Arena,
+    Channel,
+    OutputArea,
+    OutputSlots,
+    TensorRef,
+    decode_tensor,
+    encode_output,
+    map_arena,
+    slots_bytes,
+    tensor_meta,
+)
 
 BUDGET_MESSAGE = "phase 'correctness' ran past its 9 s budget"
 
@@ -238,6 +249,72 @@ def test_tuple_outputs_are_read_part_by_part_and_a_mismatch_is_judged_not_fatal(
     assert got.tensor is None and "plain torch.Tensor, got a tuple of 2" in (got.problem or "")
     chan.send_reply({"ok": True, "l2": "reset"}, [])  # every frame above was read or skipped
     assert link.ask("gpu_setup", "resetting persisting L2").text("l2") == "reset"
+
+
+def test_outputs_laid_in_the_output_area_arrive_as_private_copies_and_one_that_does_not_fit_comes_as_a_frame(
+        pair) -> None:
+    """06's headline outputs (0.8 GB each) crossed the socket at about 1 GB/s: the runner now lays a
+    reply's output tensors in shared memory the judge gave it, where they fit, and the judge copies
+    each out before judging it (the runner may write there again at any time)."""
+    link, theirs = pair()
+    chan = Channel(theirs)
+    strided, small = torch.arange(40, dtype=torch.float32).reshape(5, 8).t(), torch.arange(3)
+    link.outputs_area = area = OutputArea(slots_bytes([strided]))  # room for the first part only
+    runner_view = map_arena(os.dup(area.fd), area.size)
+    meta, blobs = encode_output((strided, small), OutputSlots(runner_view))
+    assert [part["kind"] for part in meta["parts"]] == ["shared", "tensor"] and len(blobs) == 1
+    chan.send_reply({"ok": True, "outputs": [meta]}, blobs)
+    got = link.ask("call", "a pair").outputs([(strided.contiguous(), small)])[0]
+    runner_view.fill_(0)  # written over after the judge read it: the judge's copy stays
+    assert isinstance(got.tensor, tuple) and got.device == "cpu"
+    assert torch.equal(got.tensor[0], strided) and torch.equal(got.tensor[1], small)
+    meta, blobs = encode_output(torch.ones(3, dtype=torch.float64), OutputSlots(runner_view))
+    chan.send_reply({"ok": True, "outputs": [meta]}, blobs)
+    got = link.ask("call", "a wrong dtype").outputs([torch.ones(3)])[0]  # judged from the entry, nothing to skip
+    assert got.tensor is None and "output dtype float64 != expected float32" in (got.problem or "")
+    chan.send_reply({"ok": True, "l2": "reset"}, [])  # every frame above was read
+    assert link.ask("gpu_setup", "resetting persisting L2").text("l2") == "reset"
+
+
+@pytest.mark.parametrize("at", [256, 64 * 10**6, -64, 3, "0", None, 2.0**70])
+def test_a_shared_output_outside_the_output_area_breaks_the_protocol(pair, at: object) -> None:
+    link, theirs = pair()
+    link.outputs_area = OutputArea(256)
+    entry = {"kind": "shared", "at": at, "shape": [4], "dtype": "float32", "device": "cpu", "nbytes": 16}
+    Channel(theirs).send_reply({"ok": True, "outputs": [entry]}, [])
+    with pytest.raises(Failure, match=r"broke the protocol: a shared output of 16 bytes .* outside the output area"):
+        link.ask("call", "check 0")
+
+
+def test_a_shared_output_without_an_output_area_breaks_the_protocol(pair) -> None:
+    link, theirs = pair()
+    entry = {"kind": "shared", "at": 0, "shape": [4], "dtype": "float32", "device": "cpu", "nbytes": 16}
+    Channel(theirs).send_reply({"ok": True, "outputs": [entry]}, [])
+    with pytest.raises(Failure, match="outside the output area"):
+        link.ask("call", "check 0")
+
+
+def test_the_shared_memory_the_runner_maps_cannot_be_resized_under_the_judge() -> None:
+    """The runner gets the descriptors of the input arena and the output area: shrunk, the judge's next
+    read past the new end would kill it with SIGBUS. Both are sealed at their size."""
+    for fd in (Arena({"x": torch.ones(4)}).fd, OutputArea(64).fd):
+        for size in (0, 1 << 20):
+            with pytest.raises(PermissionError):
+                os.ftruncate(fd, size)
+        os.close(fd)
+
+
+def test_a_replys_outputs_are_not_read_once_the_next_request_is_sent(pair) -> None:
+    """A reply's shared outputs are the runner's to overwrite from its next request on."""
+    link, theirs = pair()
+    chan = Channel(theirs)
+    meta, blobs = encode_output(torch.ones(2))
+    chan.send_reply({"ok": True, "outputs": [meta]}, blobs)
+    first = link.ask("call", "check 0")
+    chan.send_reply({"ok": True, "l2": "reset"}, [])
+    link.ask("gpu_setup", "resetting persisting L2")
+    with pytest.raises(RuntimeError, match="read after the next request was sent"):
+        first.outputs([torch.ones(2)])
 
 
 def test_a_reported_error_becomes_its_status(pair) -> None:
