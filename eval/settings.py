@@ -312,6 +312,9 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: timed, and a runner's OOM is the candidate's only where it had half of the GPU beside the grader's own share
 #: (CANDIDATE_GPU_SHARE_MIN); `correctness.compare` works in fp64 chunks (COMPARE_CHUNK), and an earlier shape keeps
 #: one timing reference (a CUDA-graph replay's). What a kernel is checked and timed against is unchanged.
+#: 0.5.17: a reply's output tensors come through shared memory (protocol.OutputArea, a sealed memfd per shape),
+#: not the socket, which carried 06's 0.8 GB outputs at about 1 GB/s; the input arena is sealed at its size too.
+#: Not yet run on a GPU (0.5.16's 06 rows were graded before it). What is checked and timed is unchanged.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 #: Passes an earlier grader gave under a looser check than the current one, as (the first grader with the
