@@ -274,8 +274,9 @@ def _free_whole_pages() -> None:
     in the blocks its GBs of drawn inputs had left, and after `empty_cache` the judge still held 42.4 GB
     of the H100, about 18.5 GB of it in tensors by their sizes (2026-12-06). The runner, the candidate's
     process, keeps torch's default allocator, as the field's harnesses run it."""
-    try:
-        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    try:  # (torch 2.11 warns that torch.cuda's spelling is deprecated for this one)
+        getattr(torch._C, "_accelerator_setAllocatorSettings", torch.cuda.memory._set_allocator_settings)(
+            "expandable_segments:True")
     except (AttributeError, RuntimeError) as exc:  # a torch without them: the log says what that costs
         log("worker", f"the judge's allocator keeps whole segments ({one_line(type(exc).__name__, str(exc))}): "
                       "memory it frees may stay reserved beside the runner")

@@ -156,11 +156,11 @@ class Reply:
     def outputs(self, refs: list[Output], names: list[str] | None = None) -> list[Received]:
         """The reply's outputs, one per reference, in order; `names` name a tuple's parts in messages
         (a stateful step's: 'hidden', 'state[0].S', …)."""
+        if self.asked != self.link.asked:  # the judge's own bug: a grader error (not_graded)
+            raise RuntimeError(f"{self.what}: the outputs read after the next request was sent")
         if not self._probes_read:  # the probe frame precedes the outputs' frames
             self._probes_read = True
             self.link._talk(self.what, lambda d: self.link.chan.skip_blob(self.link._pending.popleft(), d))
-        if self.asked != self.link.asked:  # the judge's own bug: a grader error (not_graded)
-            raise RuntimeError(f"{self.what}: the outputs read after the next request was sent")
         entries = self.header.get("outputs")
         if not (isinstance(entries, list) and len(entries) == len(refs)):
             raise self._bad(f"'outputs' is not a list of {len(refs)} entries")
