@@ -5,6 +5,7 @@ next grading drew its plan (2026-12-06)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -20,23 +21,38 @@ from kernelboard.eval.worker import RunnerProcess
 ESCAPER = "setsid sleep 300 & sleep 300 & wait"
 
 
-def _started(pid: int, count: int) -> list[int]:
+def _started(pid: int, count: int, groups: int = 1) -> list[int]:
+    """`pid`'s descendants once there are `count` of them in `groups` process groups (or 10 s have gone:
+    a child forked by bash is in its parent's group until its `setsid` has run)."""
     deadline = time.monotonic() + 10
-    while len(found := proctree.descendants(pid)) < count and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        found = proctree.descendants(pid)
+        with contextlib.suppress(ProcessLookupError):
+            if len(found) >= count and len({os.getpgid(p) for p in found}) >= groups:
+                return found
         time.sleep(0.02)
-    return found
+    return proctree.descendants(pid)
 
 
 def test_a_child_that_left_the_process_group_is_found_killed_and_waited_for() -> None:
     proc = subprocess.Popen(["bash", "-c", ESCAPER], start_new_session=True)
-    tree = _started(proc.pid, 2)
-    groups = {os.getpgid(pid) for pid in tree}
-    assert len(tree) == 2 and len(groups) == 2  # one of them is out of reach of a kill of the group
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=10)
-    assert not all(proctree.exited(pid) for pid in tree)  # the group kill left the escaped one running
-    proctree.kill(tree)
-    assert proctree.wait_exited(tree, 10) == []
+    tree = _started(proc.pid, 2, groups=2)
+    killed = False
+    try:
+        groups = {os.getpgid(pid) for pid in tree}
+        assert len(tree) == 2 and len(groups) == 2  # one of them is out of reach of a kill of the group
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert not all(proctree.exited(pid) for pid in tree)  # the group kill left the escaped one running
+        proctree.kill(tree)
+        killed = True
+        assert proctree.wait_exited(tree, 10) == []
+    finally:  # nothing left running for a later test to trip over (once killed, a pid may be another's)
+        if not killed:
+            proctree.kill([pid for pid in tree if not proctree.exited(pid)])
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
 
 
 @pytest.mark.skipif(jail.find_bwrap() is None, reason="bubblewrap is not usable here (make test installs it)")
