@@ -321,6 +321,7 @@ def _check_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sh
     spent = dict.fromkeys(("calls", "outputs", "inputs", "judging"), 0.0)  # seconds, for the log's split
     audit_s = 0.0
     other_choices = []  # (check label, router): near-tie steps that returned a tied router's runner-up choice
+    read_before = dict(link.tensors_read)
     for j, check in enumerate(plan.checks):
         where = f"shape {plan.shape.idx} ({plan.shape.label}) {check.label}"
         if check.tied:
@@ -360,9 +361,11 @@ def _check_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sh
                       f"{'s' * (len(other_choices) > 1)} returned the tied router's runner-up choice, accepted "
                       f"({'; '.join(f'{label}: router {r}' for label, r in other_choices)})")
     audit = f"; the op audit's call (check 0 again) {audit_s:.1f} s beside them" if problem.forbidden_ops else ""
+    came = {way: n - read_before[way] for way, n in link.tensors_read.items()}
     log("worker", f"shape {plan.shape.idx}: {len(plan.checks)} checks: the runner's calls {spent['calls']:.1f} s, "
                   f"their outputs read {spent['outputs']:.1f} s, inputs checked {spent['inputs']:.1f} s, "
-                  f"outputs judged {spent['judging']:.1f} s{audit}")
+                  f"outputs judged {spent['judging']:.1f} s{audit}; output tensors read: {came['shared']} through "
+                  f"shared memory, {came['framed']} as socket frames")
     return worst
 
 

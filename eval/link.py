@@ -178,6 +178,8 @@ class RunnerLink:
         #: Where the runner lays its replies' output tensors (judge._share gives it one per shape), or None.
         self.outputs_area: OutputArea | None = None
         self.asked = 0  # requests sent: a reply's shared outputs are only there until the next one
+        #: Output tensors read so far, by the way they came: through the output area or as socket frames.
+        self.tensors_read = {"shared": 0, "framed": 0}
 
     def close(self) -> None:
         """Kill the runner's process group (it and everything it started) and reap it."""
@@ -300,6 +302,7 @@ class RunnerLink:
             if framed:
                 self._talk(reply.what, lambda d: self.chan.skip_blob(nbytes, d))
             return Received(None, device, check_type(ref, torch.empty(shape, dtype=dtype, device="meta")))
+        self.tensors_read[entry["kind"] if not framed else "framed"] += 1
         if not framed:  # checked by _announce; copied out now, while the runner waits for the next request
             assert self.outputs_area is not None
             return Received(self.outputs_area.read(entry["at"], shape, dtype, nbytes, ref.device), device, None)

@@ -301,8 +301,12 @@ def test_a_passing_log_splits_each_shapes_correctness_time(graded) -> None:
     assert len(first) == len(split)
     assert all(f <= float(line[1]) + 0.1 for f, line in zip(first, split, strict=True))  # each rounded to 0.1 s
     # This deck forbids ops, so each shape's op-audit call (check 0 again) is said beside the checks' split.
-    audits = re.findall(r"; the op audit's call \(check 0 again\) [0-9.]+ s beside them \(\+", text)
+    audits = re.findall(r"; the op audit's call \(check 0 again\) [0-9.]+ s beside them; ", text)
     assert len(audits) == len(split)
+    # Every output came through the shape's output area (grader 0.5.17), none over the socket: each check's
+    # and the op audit's call.
+    ways = re.findall(r"; output tensors read: (\d+) through shared memory, (\d+) as socket frames \(\+", text)
+    assert [(int(shared), int(framed)) for shared, framed in ways] == [(int(n) + 1, 0) for n, *_ in split]
 
 
 def test_tables_keep_the_contract(graded) -> None:
