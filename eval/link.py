@@ -302,7 +302,7 @@ class RunnerLink:
             if framed:
                 self._talk(reply.what, lambda d: self.chan.skip_blob(nbytes, d))
             return Received(None, device, check_type(ref, torch.empty(shape, dtype=dtype, device="meta")))
-        self.tensors_read[entry["kind"] if not framed else "framed"] += 1
+        self.tensors_read["framed" if framed else "shared"] += 1
         if not framed:  # checked by _announce; copied out now, while the runner waits for the next request
             assert self.outputs_area is not None
             return Received(self.outputs_area.read(entry["at"], shape, dtype, nbytes, ref.device), device, None)

@@ -274,6 +274,11 @@ def _replace(value: Any, fn: Any) -> Any:
     return value
 
 
+def aligned(nbytes: int) -> int:
+    """`nbytes` rounded up to the alignment every tensor in shared memory starts at."""
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
 class Arena:
     """Judge side: one shape's inputs copied into a memfd that the runner maps (stops nothing by
     itself; it lets the judge check in-place writes without trusting the runner's word). Tensors
@@ -293,7 +298,7 @@ class Arena:
                 ref = TensorRef(size, nbytes, t.dtype, tuple(t.shape), None if t.is_contiguous() else tuple(t.stride()))
                 refs[id(t)] = ref
                 sources.append((t, ref))
-                size += -(-nbytes // _ALIGN) * _ALIGN
+                size += aligned(nbytes)
             return refs[id(t)]
 
         self.encoded = _replace(values, place)
@@ -339,7 +344,7 @@ class OutputArea:
     runner can write here whenever it likes, and what is judged must be one snapshot."""
 
     def __init__(self, size: int) -> None:
-        self.size = max(-(-size // _ALIGN) * _ALIGN, _ALIGN)
+        self.size = max(aligned(size), _ALIGN)
         self.fd, self._map, self.base = shared_bytes("kernelboard-outputs", self.size)
 
     def holds(self, at: object, nbytes: int) -> bool:
@@ -362,7 +367,7 @@ class OutputArea:
 def slots_bytes(outputs: list[Any]) -> int:
     """Bytes one reply's outputs (tensors, or tuples of them) take in an `OutputArea`."""
     parts = (t for out in outputs for t in (out if isinstance(out, tuple) else (out,)))
-    return sum(-(-(t.numel() * t.element_size()) // _ALIGN) * _ALIGN for t in parts)
+    return sum(aligned(t.numel() * t.element_size()) for t in parts)
 
 
 class OutputSlots:
@@ -380,7 +385,7 @@ class OutputSlots:
             return None
         if nbytes:
             self.base[at:at + nbytes].view(value.dtype).view(value.shape).copy_(value)
-        self.used = at + -(-nbytes // _ALIGN) * _ALIGN
+        self.used = at + aligned(nbytes)
         return at
 
 
