@@ -757,6 +757,11 @@ def _grade_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, se
         plan.reference_step = None
     if plan.reference_step is None:  # a CUDA-graph replay is checked against the first timing set alone
         plan.timing_refs = plan.timing_refs[:1]
+    link.ask("release", f"shape {plan.shape.idx}: letting its floor batches go", shape=k)
+    if device == "cuda":
+        log("worker", f"shape {plan.shape.idx}: checked and timed; the runner has let its checks' inputs and floor "
+                      f"batches go: {torch.cuda.mem_get_info()[0] / 1e9:.2f} GB of the GPU free, the judge holding "
+                      f"{torch.cuda.memory_reserved() / 1e9:.2f} GB")
     log("worker", f"shape {plan.shape.idx} median {stats.median_ms:.4f} ms × {stats.iterations}")
     rows.append({"idx": plan.shape.idx, **stats.row(), "wall_ms": stats.wall_ms, "max_rel_err": worst, **audited})
     return checked

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import gc
 import itertools
 import math
 import os
@@ -410,6 +411,19 @@ class _Runner:
             samples = [(b - a) / 1e6 for a, b in itertools.pairwise(marks)]
         probes, probe_blobs = encode_output(probed)
         return {"probes": probes, "samples_ms": samples}, probe_blobs
+
+    def _op_release(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
+        """A shape checked and timed: its checks' shared inputs and its floor batches let go, and what the
+        runner's allocator kept of them given back to the GPU before the judge draws the next shape. Kept
+        cached, they were what 06's wide shape lacked: the judge ran out of the H100's memory drawing it
+        beside a runner of 38.5 GB (2026-12-06). The candidate's own tensors are not touched; only the
+        CUDA-graph replay's timing sets stay."""
+        shape = self.loaded[request["shape"]]
+        shape.checks, shape.proof, shape.proof_probes = [], [], []
+        gc.collect()
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+        return {}, []
 
     @staticmethod
     def _mark(cuda: bool) -> Any:

@@ -568,3 +568,22 @@ def test_an_out_of_memory_error_is_the_candidates_only_where_it_had_half_the_gpu
         assert verdict.message == f"{said} [{share}]"
     else:
         assert verdict.message == f"the grader's own use of the GPU left the candidate under 50% of it: {share}; {said}"
+
+
+def test_a_shape_released_lets_go_of_its_checks_and_floor_batches_and_keeps_its_timing_sets() -> None:
+    """06's wide shape: the judge ran out of the H100's memory drawing it beside a runner of 38.5 GB,
+    whose allocator still held the floor batches of the shapes before (2026-12-06). Once a shape is
+    checked and timed the judge asks the runner to let them go; the timing sets stay, for the CUDA-graph
+    replay at the end, and so does the candidate's Model."""
+    import types
+    import weakref
+
+    model = torch.nn.Identity()
+    check, timing, floor = torch.ones(4), torch.ones(4), torch.ones(4)
+    shape = runner._Shape(model, [[check]], [[timing]], [], [[[floor]]], [[]])
+    host = types.SimpleNamespace(loaded={0: shape}, device="cpu")
+    gone = [weakref.ref(check), weakref.ref(floor)]
+    del check, floor
+    assert runner._Runner._op_release(host, {"op": "release", "shape": 0}, []) == ({}, [])  # type: ignore[arg-type]
+    assert [ref() for ref in gone] == [None, None]
+    assert shape.timing[0][0] is timing and shape.model is model
