@@ -10,7 +10,9 @@ source board, the two verdicts are compared as pass / not pass (`eval.schema.STA
   or `dnf` (the kernel says nothing about the model on this GPU), or theirs is `not_graded` or `dnf` (the
   source published no verdict), or theirs is a failure whose run's GPU-lock log shows its check ran no
   kernel (the importer's `RAN_NO_KERNEL`: every GPU command of the run, the check's included, held the
-  GPU about a second in all, less than importing torch takes; the environment failed, not the kernel);
+  GPU about a second in all, less than importing torch takes; the environment failed, not the kernel), or
+  theirs is a check that timed out (the importer's `CHECK_TIMED_OUT`: KernelBench-Hard's own classifier
+  marks a check timeout a retryable infrastructure failure; its check never reached a verdict);
 - **differ**, with a cause class read from our status and message by the explicit rules of `classify`.
   A class that starts "stronger check:" names a check kernelboard runs and the original grader does not
   (a stress case, structural case or seed of ours only, the run-time audits, the integrity checks; for a
@@ -42,7 +44,7 @@ from datetime import UTC, datetime
 
 from kernelboard.eval.deck import Problem
 
-from .ingest.kbh import RAN_NO_KERNEL
+from .ingest.kbh import CHECK_TIMED_OUT, RAN_NO_KERNEL
 from .load import CPU_KEY, Result, Run, SiteData
 
 #: Our statuses that are no verdict on the grading GPU: such a pair is excluded, not compared.
@@ -299,6 +301,9 @@ def _classify(ours_status: str, ours_message: str, their_status: str, their_mess
         return Verdict("excluded", f"theirs: {their_status} (no published verdict)")
     if RAN_NO_KERNEL in their_message:
         return Verdict("excluded", f"theirs: {RAN_NO_KERNEL} (its run's GPU-lock log; no verdict on the kernel)")
+    if their_status == "timeout" and CHECK_TIMED_OUT in their_message:
+        return Verdict("excluded", f"theirs: {CHECK_TIMED_OUT} (KernelBench-Hard's classifier calls a check timeout a "
+                                   "retryable infrastructure failure; no verdict on the kernel)")
     ours_pass, theirs_pass = ours_status == "pass", their_status == "pass"
     if ours_pass == theirs_pass:
         return Verdict("agree")

@@ -80,6 +80,18 @@ def test_no_published_verdict_is_excluded(theirs: str) -> None:
     assert verdict.kind == "excluded" and verdict.cause.startswith("theirs: ")
 
 
+def test_a_published_check_timeout_is_excluded_not_a_failure() -> None:
+    """hy3 06 090251 passes here; KernelBench-Hard's check of it timed out (180 s of GPU, 46 s more waiting for the
+    lock). Its own classifier calls that a retryable infrastructure failure, and its operator regraded another
+    such run with a ten times longer timeout to a pass: no verdict on the kernel, on either side of pass."""
+    for ours in ("pass", "wrong"):
+        verdict = classify(ours, "correct on all 48 checks", "timeout",
+                           "KernelBench-Hard (run detail): check.py timed out")
+        assert verdict.kind == "excluded" and verdict.cause.startswith("theirs: check.py timed out")
+    assert classify("pass", "", "timeout", "KernelBench-Hard (run detail): correct, but benchmark.py timed out"
+                    ).kind == "differ"  # a benchmark timeout is theirs after a verdict: not this rule
+
+
 def test_every_status_gets_a_class() -> None:
     for ours in STATUSES:
         for theirs in STATUSES:

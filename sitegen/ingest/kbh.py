@@ -58,6 +58,13 @@ NO_KERNEL_GPU_SECONDS = 1
 #: agreement table reads it (sitegen/agreement.py): such a published failure is no verdict on the kernel.
 RAN_NO_KERNEL = "its check ran no kernel"
 
+#: A failing row's message where its check ran past KernelBench-Hard's check timeout (failure_reason
+#: check_timeout; 180 s in the kinetic-0715 01 run of 2026-07-16, which its operator regraded with 1800 s to a
+#: pass, its annotation says). Its own classifier marks a check timeout a retryable infrastructure failure
+#: (`retryable_infra_failure`, src/harness/classification.py), though its board counts the run not correct:
+#: the agreement table reads it as no verdict on the kernel (sitegen/agreement.py).
+CHECK_TIMED_OUT = "check.py timed out"
+
 #: failure_reason -> (agent outcome; None: completed, or no_solution without one), status (None: the
 #: source's `correct` decides), message.
 STATUS: dict[str, tuple[str | None, str | None, str]] = {
@@ -75,7 +82,7 @@ STATUS: dict[str, tuple[str | None, str | None, str]] = {
     "incomplete_session": ("early_stop", None, "the session ended early"),
     "provider_early_stop": ("early_stop", None, "the agent stopped early"),
     "no_solution": ("no_solution", "not_graded", "the agent wrote no solution"),
-    "check_timeout": (None, "timeout", "check.py timed out"),
+    "check_timeout": (None, "timeout", CHECK_TIMED_OUT),
     "check_failed": (None, "wrong", "check.py failed (build and import errors are not told apart)"),
 }
 
