@@ -264,9 +264,6 @@ class _Runner:
         if self.pinned is not None:
             unpin_host(self.pinned)
             self.pinned = None
-        for earlier in self.loaded.values():  # checked and timed: only a CUDA-graph replay of its timing sets is left
-            earlier.checks = []  # let their shared memory go
-            earlier.proof, earlier.proof_probes = [], []  # and the floor batches' device memory (06: 8.6 GB)
         base = map_arena(fds[0], request["arena_size"])
         self._map_outputs(fds[1:], request.get("outputs_size"))
         if self.device == "cuda" and pin_host(base):  # every check copies its inputs in and back out
@@ -417,7 +414,7 @@ class _Runner:
         runner's allocator kept of them given back to the GPU before the judge draws the next shape. Kept
         cached, they were what 06's wide shape lacked: the judge ran out of the H100's memory drawing it
         beside a runner of 38.5 GB (2026-12-06). The candidate's own tensors are not touched; only the
-        CUDA-graph replay's timing sets stay."""
+        CUDA-graph replay's timing sets stay. (The judge releases every shape before it loads the next.)"""
         shape = self.loaded[request["shape"]]
         shape.checks, shape.proof, shape.proof_probes = [], [], []
         gc.collect()
