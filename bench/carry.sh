@@ -7,6 +7,8 @@
 # todo`: the runs left, in the order that ranks AI models soonest); gpu_session.sh's IDS=.carry/queue-hard-{gpu}.txt
 # takes the one of the GPU it finds, and `--resume` skips what an earlier call graded (IDS=todo writes the
 # queue on the GPU machine instead, from the call's own seeded results: what a session's later calls want).
+# seed.tgz is the first call's SEED: data/results plus the real gradings data/held keeps off the boards until
+# their problem is whole there (the queues count them graded).
 # Run where PyPI and deb.debian.org answer (a developer machine): it downloads, installs nothing and says
 # what it fetches. Name CARRY in the device call's carry list (.gitignore keeps it out of git); 7.6 MB.
 set -euo pipefail
@@ -39,13 +41,21 @@ while read -r sum file; do
 done <<< "$PINS"
 rm -f queue_*.txt  # (run_id globs per problem, as this script wrote them before queues)
 KERNELBOARD=${KERNELBOARD:-$ROOT/.venv/bin/kernelboard}
-if [ -x "$KERNELBOARD" ]; then  # what each board has left, in the order that ranks AI models soonest
-  for deck in hard mega; do
+if [ -x "$KERNELBOARD" ]; then
+  # seed.tgz: data/results with the gradings data/held keeps off the boards merged in, the SEED of a call
+  SEEDING=$(mktemp -d) && trap 'rm -rf "$SEEDING"' EXIT
+  cp -r "$ROOT/data/results" "$SEEDING/res"
+  if [ -d "$ROOT/data/held" ]; then
+    (cd "$ROOT" && "$KERNELBOARD" eval merge data/held --into "$SEEDING/res" | grep -v "^=== ")
+  fi
+  tar -C "$SEEDING" -czf "$CARRY/seed.tgz" res
+  for deck in hard mega; do  # what each board has left, in the order that ranks AI models soonest
     (cd "$ROOT" && "$KERNELBOARD" eval todo --deck "eval/decks/$deck" --submissions "data/submissions/$deck" \
-      --gpu h200 --gpu h100-sxm --queue "$CARRY/queue-$deck-{gpu}.txt" | grep -v "^  ")
+      --out "$SEEDING/res" --gpu h200 --gpu h100-sxm --queue "$CARRY/queue-$deck-{gpu}.txt" | grep -v "^  ")
   done
 else
   echo "carry.sh: no $KERNELBOARD (make .venv/.dev, or name one with KERNELBOARD=): no queue files written"
 fi
 echo "carry.sh: $CARRY holds $DEB, whl/ ($(ls whl | tr '\n' ' ')) and $(ls queue-*.txt 2>/dev/null | wc -l)" \
-  "queue files ($(du -sh . | cut -f1)): IDS=todo (or IDS=.carry/queue-hard-{gpu}.txt) bench/gpu_session.sh"
+  "queue files ($(du -sh . | cut -f1)): SEED=.carry/seed.tgz IDS=todo (or IDS=.carry/queue-hard-{gpu}.txt)" \
+  "bench/gpu_session.sh"

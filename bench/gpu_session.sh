@@ -5,7 +5,8 @@
 #   CASES=a,b   the GPU mechanism cases (CASES=, for all of them)
 #   IDS=file    grade these run ids or run_id globs (one a line, in that order; '{gpu}' in the name is this
 #               GPU's board key: IDS=.carry/queue-hard-{gpu}.txt, from bench/carry.sh) into a results folder
-#               seeded from SEED (SEED: a .tgz of a results folder, or a folder; default data/results);
+#               seeded from SEED (SEED: a .tgz of a results folder, or a folder; default data/results;
+#               .carry/seed.tgz from bench/carry.sh adds the gradings data/held keeps off the boards);
 #               IDS=all grades every run of the deck not graded yet (--resume decides);
 #               IDS=todo grades the queue `kernelboard eval todo` writes from the seeded folder, asked again
 #               after each round while more than TODO_MIN_LEFT (60) seconds are left

@@ -214,8 +214,9 @@ def _timer(device: str) -> str:
 
 def _graded_solutions(opts: EvalOptions, gpu: str) -> dict[str, str | None]:
     """run_id -> solution hash of every run already graded on this GPU by a grader whose results this one
-    reproduces (`settings.result_current`; read once per batch, for --resume), less the failures this
-    grader would label `not_reproducible` for the CUTLASS it stood in with (`_relabelled_now`)."""
+    reproduces (`settings.result_current`; read once per batch, for --resume), less the rows that give no
+    verdict (`gives_verdict`) and the failures this grader would label `not_reproducible` for the CUTLASS it
+    stood in with (`_relabelled_now`)."""
     results, runs = table_path(opts.out, gpu, "results"), table_path(opts.out, gpu, "runs")
     if not (results.exists() and runs.exists()):
         return {}
@@ -224,10 +225,26 @@ def _graded_solutions(opts: EvalOptions, gpu: str) -> dict[str, str | None]:
     cutlass = find_cutlass()
     for row in read_table(results, "results").to_pylist():
         run = run_rows.get(row["run_id"], {})
-        if (result_current(row["grader_version"], row["message"], run.get("problem"), row["status"])
+        if (gives_verdict(row["status"], row["message"])
+                and result_current(row["grader_version"], row["message"], run.get("problem"), row["status"])
                 and not _relabelled_now(row, opts.submissions / row["run_id"], cutlass)):
             graded[row["run_id"]] = run.get("solution_sha256")
     return graded
+
+
+#: How the two `not_graded` rows that come from the submission itself begin or end: grading it again gives
+#: the same row (`grade_submission`). Every other `not_graded` is the grader's or the machine's failure.
+NO_SOLUTION, NO_SHAPES = "no solution.py", " has no shapes for --device "
+
+
+def gives_verdict(status: str, message: str | None) -> bool:
+    """Whether a results row stands as the grading of its run (`--resume` skips the run). A `not_graded`
+    row stands only where the submission left nothing to grade (no solution.py; no shapes for the
+    device). Any other is the grader's own failure to give a verdict (its error, its sandbox, its share of
+    the GPU, a missing baseline) and the run is graded again: LongCat-2.0 06 082519's judge ran out of the
+    H100's memory on 2026-12-06, and --resume counted that row as graded."""
+    text = message or ""
+    return status != "not_graded" or text.startswith(NO_SOLUTION) or NO_SHAPES in text
 
 
 def _relabelled_now(row: dict[str, Any], folder: Path, cutlass: Cutlass | None) -> bool:
@@ -265,10 +282,10 @@ def grade_submission(opts: EvalOptions, gpu: str, spec: GpuSpec | None, problem:
     elif problem is None:
         raise UsageError(f"{sub.folder / 'run.yaml'}: key 'problem': {sub.problem!r} is not in the deck")
     elif not problem.shapes_for(opts.device):
-        row = result_row(status="not_graded", message=f"{problem.name} has no shapes for --device {opts.device}",
+        row = result_row(status="not_graded", message=f"{problem.name}{NO_SHAPES}{opts.device}",
                          shapes=[], seeds=None, grade_seconds=None, log_path=None, **common)
     elif not sub.has_solution:
-        row = result_row(status="not_graded", message=f"no solution.py (agent outcome: {outcome})",
+        row = result_row(status="not_graded", message=f"{NO_SOLUTION} (agent outcome: {outcome})",
                          shapes=[], seeds=None, grade_seconds=None, log_path=None, **common)
     elif sub.solution_is_empty:
         row = result_row(status="build_error", message="solution.py is empty: there is no Model to build",

@@ -136,7 +136,8 @@ STATUS_HELP: dict[str, str] = {
     "oom": "ran out of GPU memory",
     "forbidden": "used something the problem forbids (e.g. the library that does the whole job)",
     "integrity_violation": "tampered with the grader or its inputs",
-    "not_graded": "the run left nothing to grade (see the reason)",
+    "not_graded": "no verdict: the run left nothing to grade, or the grader failed to give one and grades it "
+                  "again (see the reason); not counted against the model",
     "dnf": "did not finish: the infrastructure ended the run (rate limit, provider, credits, harness); "
            "not counted against the model",
     "needs_other_arch": "the kernel targets a newer GPU architecture than this one (e.g. B200-only tcgen05 "

@@ -402,3 +402,25 @@ def test_resume_grades_again_a_failure_the_stand_in_rule_now_relabels(tmp_path: 
     graded = schedule._graded_solutions(opts, "h100-sxm")
     assert set(before) - set(graded) == {sol}
     assert "20260703_200159_claude_claude-fable-5_07_w4a16_gemm" in graded
+
+
+def test_resume_grades_again_a_run_the_grader_failed_to_grade(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The held 06 gradings on the H100 (data/held): LongCat-2.0 082519's `not_graded` is the judge's own
+    out-of-memory error (2026-12-06) and goes back to the GPU; claude-fable-5 155728's (no solution.py) is
+    the submission's and stands, as every verdict does."""
+    import pyarrow.parquet as pq
+
+    from kernelboard.eval import schedule
+
+    held = PUBLISHED.parents[1] / "held"
+    opts = schedule.EvalOptions(deck=Path("eval/decks/hard"), submissions=PUBLISHED, out=held)
+    monkeypatch.setattr(schedule, "find_cutlass", lambda: None)
+    graded = schedule._graded_solutions(opts, "h100-sxm")
+    rows = {r["run_id"]: r for r in pq.read_table(held / "h100-sxm" / "results.parquet").to_pylist()}
+    failed = "20260707_082519_longcat-claude_LongCat-2.0_06_sonic_moe_swiglu"
+    assert rows[failed]["status"] == "not_graded" and "OutOfMemoryError" in rows[failed]["message"]
+    assert set(rows) - set(graded) == {failed}
+    no_solution = "20260702_155728_claude_claude-fable-5_06_sonic_moe_swiglu"
+    assert rows[no_solution]["status"] == "not_graded" and no_solution in graded
+    assert schedule.gives_verdict("not_graded", "06_sonic_moe_swiglu has no shapes for --device cpu")
+    assert not schedule.gives_verdict("not_graded", "could not start the runner's sandbox: OSError: bwrap")
