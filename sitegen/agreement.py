@@ -20,7 +20,8 @@ source board, the two verdicts are compared as pass / not pass (`eval.schema.STA
   bound on one it does, where the error ‖d‖/‖ref‖ = r our message gives bounds the cosine (≥ √(1 − r²))
   above the deck's `cos_sim`, so their rule passed it); those rows are counted and listed apart — a
   numeric stress case included when theirs graded the kernel before it ran any
-  (`THEIRS_NUMERIC_STRESS_SINCE`). A `wrong` on a check both graders run, where theirs graded the kernel
+  (`THEIRS_NUMERIC_STRESS_SINCE`), and a structural case where theirs graded it before its own structural
+  cases (`THEIRS_STRUCTURAL_SINCE`). A `wrong` on a check both graders run, where theirs graded the kernel
   on another GPU, is the class "other GPU" and counts against the figure (the kernel behaves differently
   there; why is for its run page's log), and so is a `runtime_error` in which Triton refuses a launch for
   more shared memory than our GPU gives a block (a kernel tiled for the other GPU). A difference no rule
@@ -77,6 +78,13 @@ THEIRS_COMPARED_OUTPUTS: dict[tuple[str, str], frozenset[str]] = {
 #: (commit daf0506, "hard: publish v2 containerized sweep leaderboard", runs of 2026-06-10/11) was graded by
 #: check.py files with no stress case, so a published pass graded before this time never met one.
 THEIRS_NUMERIC_STRESS_SINCE = datetime(2026, 6, 12, 15, 24, 22, tzinfo=UTC)
+
+#: When the original grader first ran structural cases of the kinds ours runs (KDA's long-memory chains, Sonic
+#: MoE's ragged expert offsets with their 129-row transfer, top-k's clustered maxima, paged attention's
+#: nonuniform short lengths): KernelBench-Hard's property-generated suite, kernelbench.com commit f41cf40
+#: ("Harden grading with generated property checks", 2026-08-07 12:56 UTC; its DEVLOG entry of that day). A
+#: verdict of theirs graded from then on met such a case, so ours failing one is no stronger check there.
+THEIRS_STRUCTURAL_SINCE = datetime(2026, 8, 7, 12, 56, 42, tzinfo=UTC)
 
 #: Disagreements that no rule can read from the two verdicts, each explained from the published files, by
 #: run_id. The cause is shown in the table beside the class; the pair still counts where its class does.
@@ -225,7 +233,8 @@ def _wrong_cause(message: str, problem: Problem | None, their_graded: datetime |
                 return (f"{STRONGER}stress case {name} (theirs graded this kernel on {their_graded:%Y-%m-%d}, "
                         f"before its stress cases of {THEIRS_NUMERIC_STRESS_SINCE:%Y-%m-%d})")
         ss = problem.structural_stress
-        if ss is not None and f"case {ss.function}(" in message:
+        if (ss is not None and f"case {ss.function}(" in message
+                and (their_graded is None or their_graded < THEIRS_STRUCTURAL_SINCE)):
             return f"{STRONGER}structural case {ss.function} (not run by theirs)"
         compared = THEIRS_COMPARED_OUTPUTS.get((problem.bench, problem.name))
         output = _STEP_OUTPUT.search(message)

@@ -21,6 +21,7 @@ from kernelboard.sitegen.agreement import (
     OURS_ONLY_CASES,
     THEIRS_COMPARED_OUTPUTS,
     THEIRS_NUMERIC_STRESS_SINCE,
+    THEIRS_STRUCTURAL_SINCE,
     TO_EXPLAIN,
     Agreement,
     agreement,
@@ -120,6 +121,18 @@ def test_a_structural_case_is_a_stronger_check(deck02) -> None:
     message = f"shape 1 (long) seed 42 case {fn}(split=3, beta_percent=80): 9 of 4096 elements out of tolerance"
     verdict = classify("wrong", message, "pass", "", deck02)
     assert verdict.stronger and verdict.cause == f"stronger check: structural case {fn} (not run by theirs)"
+
+
+def test_a_structural_case_theirs_ran_too_is_no_stronger_check(deck02) -> None:
+    """KernelBench-Hard's check has run structural cases of the same kinds since 2026-08-07 (f41cf40): a
+    kernel it passed after that failed one of ours on another GPU is "other GPU", not a stronger check."""
+    fn = deck02.structural_stress.function
+    message = f"shape 1 (long) seed 42 case {fn}(split=3, beta_percent=80): 9 of 4096 elements out of tolerance"
+    gpus = ("h100-sxm", "rtx-pro-6000")
+    before = classify("wrong", message, "pass", "", deck02, gpus, their_graded=datetime(2026, 8, 4, tzinfo=UTC))
+    assert before.stronger and before.cause.endswith("(not run by theirs)")
+    after = classify("wrong", message, "pass", "", deck02, gpus, their_graded=THEIRS_STRUCTURAL_SINCE)
+    assert not after.stronger and after.cause.startswith("other GPU")
 
 
 def test_a_step_output_theirs_never_compares_is_a_stronger_check(mega02) -> None:
