@@ -303,6 +303,31 @@ def _oom_verdict(failure: Failure, plans: list[ShapePlan]) -> Failure:
                                  f"{CANDIDATE_GPU_SHARE_MIN:.0%} of it: {share}; {failure.message}", failure.detail)
 
 
+def _judge_oom_verdict(exc: torch.OutOfMemoryError, plans: list[ShapePlan], where: str) -> Failure:
+    """The judge's own out-of-memory error (drawing a shape, computing its references, comparing), judged by
+    what the candidate held of the GPU then: a runner that keeps more than the GPU's share a kernel is
+    promised (CANDIDATE_GPU_SHARE_MIN, `_oom_verdict`'s rule seen from the other side) has taken the
+    grader's room, and the error is its `oom`; otherwise the grader's share did not fit and the run is
+    not_graded (graded again by --resume). Without this, a kernel that hoards memory at one shape could
+    have the judge fail before the next, a shape it would fail, and leave no verdict. Measured before the
+    judge lets its cache go: the candidate's use is what neither the judge nor the grader's placed sets
+    and the CUDA contexts account for."""
+    free, total = torch.cuda.mem_get_info()
+    judge = torch.cuda.memory_reserved()
+    placed = sum(p.kept_bytes for p in plans) + (plans[-1].proof_bytes if plans else 0)
+    candidate = total - free - judge - placed - GRADER_CONTEXTS_BYTES
+    share = (f"the candidate held {candidate / 1e9:.1f} of the GPU's {total / 1e9:.1f} GB (the grader's own: the "
+             f"judge {judge / 1e9:.1f} GB, placed in the runner {placed / 1e9:.1f} GB, CUDA contexts "
+             f"{GRADER_CONTEXTS_BYTES / 1e9:.1f} GB; {free / 1e9:.1f} GB free)")
+    said, text = one_line(type(exc).__name__, str(exc)), str(exc)[:4000]
+    if candidate > CANDIDATE_GPU_SHARE_MIN * total:
+        return Failure("oom", f"{where}: the judge ran out of GPU memory while {share}, over the "
+                              f"{CANDIDATE_GPU_SHARE_MIN:.0%} a kernel is promised", text)
+    return Failure("not_graded", f"{where}: the judge ran out of GPU memory while {share}, within the "
+                                 f"{CANDIDATE_GPU_SHARE_MIN:.0%} a kernel is promised: the grader's own use did "
+                                 f"not fit; {said}", text)
+
+
 def _probe_spec(seed: int, ref: Output) -> list[list[int]]:
     """What the runner needs to find an input set's probed positions: (seed, numel) per part."""
     parts = ref if isinstance(ref, tuple) else (ref,)
@@ -797,8 +822,10 @@ def grade(job: Job, result: dict[str, Any], phases: Phases, link: RunnerLink) ->
     if device == "cuda":
         result["l2"] = link.ask("gpu_setup", "resetting persisting L2", l2_bytes=env["l2_bytes"]).text("l2")
     plans, n_checks = [], 0
+    where = "before the first shape"
     try:
         for k, shape in enumerate(shapes):
+            where = f"shape {shape.idx} ({shape.label})"
             phases.enter("correctness")
             pool_seeds = tuple(base_seed + 1 + i for i in range(TIMING_POOL_SETS))
             plan = make_plan(problem, reference, (shape,), seeds, pool_seeds, device, proof_seed=base_seed + 97)[0]
@@ -806,11 +833,16 @@ def grade(job: Job, result: dict[str, Any], phases: Phases, link: RunnerLink) ->
             plans.append(plan)
             n_checks += _grade_shape(link, problem, plan, k, seeds[0], switches, phases, device, result["shapes"])
         if device == "cuda":
+            where = "the CUDA-graph replays' check"
             _graph_times(link, problem, plans, result["shapes"])
     except Failure as failure:
         if failure.status == "oom" and device == "cuda":
             raise _oom_verdict(failure, plans) from failure
         raise
+    except torch.OutOfMemoryError as exc:  # the judge's own allocation, with the runner holding the rest
+        if device != "cuda":
+            raise
+        raise _judge_oom_verdict(exc, plans, where) from exc
     cases = (f"{problem.stateful.check_steps} consecutive steps, every state tensor" if problem.stateful
              else f"{1 + len(problem.numeric_stress)} numeric cases + structural cases")
     result.update(status="pass", message=f"correct on all {n_checks} checks ({len(plans)} shapes × "

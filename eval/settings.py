@@ -318,6 +318,10 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: unchanged. 0.5.18: once a shape is checked and timed the runner lets its checks' inputs and floor batches go
 #: and empties its allocator's cache (runner._op_release), before the judge draws the next shape: 06's wide
 #: shape ran the judge out of the H100's memory beside a runner of 38.5 GB (LongCat-2.0 082519, not_graded).
+#: 0.5.19: the judge's own out-of-memory error is weighed as a runner's is (judge._judge_oom_verdict): the
+#: candidate's `oom` where the runner held more than CANDIDATE_GPU_SHARE_MIN of the GPU beyond the grader's
+#: placed sets, not_graded within it (until then always not_graded, a verdict a hoarding kernel could dodge);
+#: --resume grades again a not_graded row that is the grader's failure (schedule.gives_verdict).
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 #: Passes an earlier grader gave under a looser check than the current one, as (the first grader with the

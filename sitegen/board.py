@@ -133,7 +133,8 @@ STATUS_HELP: dict[str, str] = {
     "build_error": "could not compile or import",
     "runtime_error": "crashed while running",
     "timeout": "ran past the time limit",
-    "oom": "ran out of GPU memory",
+    "oom": "ran out of GPU memory with at least half of the GPU to itself, or took more than half and left the "
+           "grader short (a kernel is promised half: short of that the run is not graded, the grader's fault)",
     "forbidden": "used something the problem forbids (e.g. the library that does the whole job)",
     "integrity_violation": "tampered with the grader or its inputs",
     "not_graded": "no verdict: the run left nothing to grade, or the grader failed to give one and grades it "

@@ -307,3 +307,26 @@ def test_right_only_on_the_deck_seeds_fails_the_fresh_ones(graded) -> None:
 def test_a_clock_lie_told_only_in_the_timed_loop(graded) -> None:
     row = graded["selective_clock_lie"]
     assert row["status"] == SELECTIVE_LIE[1], row["message"]
+
+
+def test_hoarding_the_gpu_so_the_judge_runs_out_is_the_kernels_oom(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel that would fail a later shape keeps most of the GPU once it has passed the first, so that the
+    judge runs out of memory drawing the next shape and the run ends with no verdict. Whatever the runner
+    holds beyond the grader's placed sets and the contexts is the candidate's; over the half of the GPU it is
+    promised, the judge's own error is the kernel's `oom`, a failure that counts. (A CPU test of the rule:
+    `judge._judge_oom_verdict` with the GPU's figures as the judge would measure them.)"""
+    import torch
+
+    from kernelboard.eval import judge
+    from kernelboard.eval.plan import ShapePlan
+    from kernelboard.eval.problem import Shape
+
+    gb = 10**9
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (int(0.5 * gb), int(85.02 * gb)))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 20 * gb)  # the judge, drawing shape 1
+    plans = [ShapePlan(Shape(0, "headline", {}), [], {}, kept_bytes=10 * gb, proof_bytes=0)]
+    verdict = judge._judge_oom_verdict(torch.OutOfMemoryError("CUDA out of memory."), plans, "shape 1 (small)")
+    assert verdict.status == "oom"
+    assert verdict.message == ("shape 1 (small): the judge ran out of GPU memory while the candidate held 52.4 of "
+                               "the GPU's 85.0 GB (the grader's own: the judge 20.0 GB, placed in the runner 10.0 GB, "
+                               "CUDA contexts 2.1 GB; 0.5 GB free), over the 50% a kernel is promised")
