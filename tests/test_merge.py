@@ -213,3 +213,39 @@ def test_a_merge_that_brings_a_problem_onto_a_board_says_so(folders: tuple[Path,
     assert joined.output.count(" joins its ") == 1
     again = CliRunner().invoke(main, ["eval", "merge", str(src), "--into", str(dst)])
     assert again.exit_code == 0 and " joins its " not in again.output
+
+
+def test_held_gradings_are_copied_whole_and_join_the_board_by_merge(tmp_path: Path) -> None:
+    """bench/hold.py on the committed held 06 gradings (data/held): the problem's rows a results folder lacks,
+    with their logs, land in a held folder that validates; merged into a copy of data/results they bring 06
+    onto the H100 SXM board with every verdict as graded, and holding from a folder that already has them all
+    is refused in one line."""
+    import subprocess
+    import sys
+
+    held_real = REAL.parent / "held"
+    bench = REAL.parents[1] / "bench" / "hold.py"
+    gpu, problem = "h100-sxm", "06_sonic_moe_swiglu"
+
+    def hold(committed: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(bench), str(held_real), gpu, problem, "--committed",
+                               str(committed), "--held", str(tmp_path / "held")], capture_output=True, text=True)
+
+    done = hold(tmp_path / "none")
+    assert done.returncode == 0, done.stderr
+    assert "runs 38, results 38, shapes 54, baselines 12, hardware 1; 75 logs" in done.stdout
+    for name in ("results", "runs", "shapes", "baselines", "hardware"):
+        assert (read_table(table_path(tmp_path / "held", gpu, name), name)
+                == read_table(table_path(held_real, gpu, name), name))
+    into = tmp_path / "results"
+    shutil.copytree(REAL, into)
+    joined = CliRunner().invoke(main, ["eval", "merge", str(tmp_path / "held"), "--into", str(into)])
+    assert joined.exit_code == 0, joined.output
+    assert "h100-sxm: 06_sonic_moe_swiglu joins its hard board with 38 results" in joined.output
+    statuses = {r["run_id"]: r["status"] for r in read_table(table_path(into, gpu, "results"), "results").to_pylist()}
+    held_statuses = {r["run_id"]: r["status"]
+                     for r in read_table(table_path(held_real, gpu, "results"), "results").to_pylist()}
+    assert all(statuses[run] == status for run, status in held_statuses.items())
+    refused = hold(held_real)
+    assert refused.returncode == 1 and refused.stderr.strip().splitlines()[-1].startswith("Error: ")
+    assert "no result of 06_sonic_moe_swiglu that" in refused.stderr
