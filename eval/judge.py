@@ -784,6 +784,7 @@ def _grade_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, se
         plan.timing_refs = plan.timing_refs[:1]
     link.ask("release", f"shape {plan.shape.idx}: letting its floor batches go", shape=k)
     if device == "cuda":
+        torch.cuda.empty_cache()  # the judge's side too: it held 23.6 GB reserved after 06's headline (0.5.18)
         log("worker", f"shape {plan.shape.idx}: checked and timed; the runner has let its checks' inputs and floor "
                       f"batches go: {torch.cuda.mem_get_info()[0] / 1e9:.2f} GB of the GPU free, the judge holding "
                       f"{torch.cuda.memory_reserved() / 1e9:.2f} GB")
