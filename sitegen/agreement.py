@@ -132,6 +132,21 @@ EVIDENCE: dict[str, str] = {
         "KernelBench-Hard's check.py scales on the GPU too, but runs the reference on the scaled inputs "
         "before the solution, so the scaling has long finished when the side stream reads them. Any caller "
         "whose inputs come from the kernel just before meets the race"),
+    "20260709_192708_codex_gpt-5.6-sol_02_kda_cutlass": (
+        "a bug of its own, read from its code: its forward keys a CUDA graph on its inputs' pointers "
+        "(solution.py:255), and on the second call with a pointer set it has seen it captures the graph "
+        "(:259–265), which records the two launches without running them, and returns the output buffer as "
+        "the call before left it. Each numeric stress case hands it new scaled q, k and v (eval/plan.py "
+        "scaled_positions), and torch's caching allocator gives large_qkv's the blocks small_qkv's had just "
+        "freed: the same pointers, so large_qkv got back the output of the call before, small_qkv's (q, k and v "
+        "× 0.01): 1.43e-9 where 0.151 is expected, ‖d‖/‖ref‖ = 1. Computed on the CPU at seed 42 (shape 0), "
+        "small_qkv's reference outputs have a median |x| of 1.2e-9 and a largest of 1.5e-8, nominal's 1.2e-3 "
+        "and 1.4e-2, large_qkv's 1.1e-2 and 0.15. Theirs runs the reference on each case's scaled inputs "
+        "first, in the same process: its allocations come between two cases', so their pointers need not "
+        "repeat. KernelBench-Hard's check added a probe "
+        "for this on 2026-08-07 (f41cf40: a warmed input rewritten in place, its pointer kept, \"so output "
+        "caches cannot masquerade as CUDA-graph replay\"), after it graded this kernel. Any caller that "
+        "allocates its inputs anew each step meets it"),
     "20260707_044245_longcat-claude_LongCat-2.0_07_w4a16_gemm": (
         "other GPU: theirs graded it on an RTX PRO 6000 (sm_120); on an H100 (sm_90, Triton 3.6.0) its "
         "autotuner's first call faults with an illegal memory access. bench/autotune_configs.py --shape 0 ran "
