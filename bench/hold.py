@@ -15,24 +15,10 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
-from kernelboard.eval.tables import load_all, read_table, rows_to_table, table_path, write_atomic
-
-
-def _rows(results_dir: Path, gpu: str, name: str) -> list[dict[str, Any]]:
-    path = table_path(results_dir, gpu, name)
-    return read_table(path, name).to_pylist() if path.exists() else []
-
-
-def _run_of(log_name: str) -> str | None:
-    """The run a log file belongs to: `<run_id>.log` or `<run_id>.prebuild.log` (run ids hold dots: glm-5.2)."""
-    for suffix in (".prebuild.log", ".log"):
-        if log_name.endswith(suffix):
-            return log_name[: -len(suffix)]
-    return None
+from kernelboard.eval.tables import load_all, rows_to_table, table_path, table_rows, write_atomic
 
 
 @click.command()
@@ -44,26 +30,27 @@ def _run_of(log_name: str) -> str | None:
 @click.option("--held", type=click.Path(file_okay=False, path_type=Path), default=Path("data/held"),
               show_default=True, help="The held results folder (its GPU folder is replaced).")
 def main(source: Path, gpu: str, problem: str, committed: Path, held: Path) -> None:
-    graded = {r["run_id"] for r in _rows(committed, gpu, "results")}
-    runs = {r["run_id"]: r for r in _rows(source, gpu, "runs") if r["problem"] == problem}
-    results = [r for r in _rows(source, gpu, "results") if r["run_id"] in runs and r["run_id"] not in graded]
+    graded = {r["run_id"] for r in table_rows(committed, gpu, "results")}
+    runs = {r["run_id"]: r for r in table_rows(source, gpu, "runs") if r["problem"] == problem}
+    results = [r for r in table_rows(source, gpu, "results") if r["run_id"] in runs and r["run_id"] not in graded]
     if not results:
         raise click.ClickException(f"{source / gpu}: no result of {problem} that {committed / gpu} lacks")
     ids = {r["run_id"] for r in results}
     tables = {
         "runs": [runs[i] for i in sorted(ids)],
         "results": results,
-        "shapes": [r for r in _rows(source, gpu, "shapes") if r["run_id"] in ids],
-        "baselines": [r for r in _rows(source, gpu, "baselines") if r["problem"] == problem],
-        "hardware": _rows(source, gpu, "hardware"),
+        "shapes": [r for r in table_rows(source, gpu, "shapes") if r["run_id"] in ids],
+        "baselines": [r for r in table_rows(source, gpu, "baselines") if r["problem"] == problem],
+        "hardware": table_rows(source, gpu, "hardware"),
     }
     staged = held.parent / f".{held.name}.staging"
     shutil.rmtree(staged, ignore_errors=True)
     (staged / gpu / "logs").mkdir(parents=True)
     for name, rows in tables.items():
         write_atomic(rows_to_table(name, rows), table_path(staged, gpu, name))
-    baselines_log = f"baselines-{runs[next(iter(ids))]['bench']}-{problem}.log"
-    logs = [p for p in (source / gpu / "logs").iterdir() if _run_of(p.name) in ids or p.name == baselines_log]
+    found = source / gpu / "logs"  # a run's logs as `eval merge` moves them: <run_id>.log, <run_id>.prebuild.log
+    logs = [log for run_id in sorted(ids) for log in found.glob(f"{run_id}.*log")]
+    logs += found.glob(f"baselines-{runs[next(iter(ids))]['bench']}-{problem}.log")
     for log in logs:
         shutil.copy2(log, staged / gpu / "logs" / log.name)
     load_all(staged)  # the contract, cross-table rules included, before anything replaces the held folder

@@ -282,6 +282,12 @@ def _free_whole_pages() -> None:
                       "memory it frees may stay reserved beside the runner")
 
 
+def _placed_in_runner(plans: list[ShapePlan]) -> int:
+    """What the grader gave the runner to keep on the GPU, by the plans' recorded sizes: every shape's Model
+    state and timing sets, and the current shape's floor batches (the earlier shapes' are released)."""
+    return sum(p.kept_bytes for p in plans) + (plans[-1].proof_bytes if plans else 0)
+
+
 def _oom_verdict(failure: Failure, plans: list[ShapePlan]) -> Failure:
     """A runner's out-of-memory error, judged by what the grader itself held of the GPU then: the
     candidate's (`oom`) only where it had at least CANDIDATE_GPU_SHARE_MIN of the GPU's memory beside
@@ -292,7 +298,7 @@ def _oom_verdict(failure: Failure, plans: list[ShapePlan]) -> Failure:
     torch.cuda.empty_cache()
     _, total = torch.cuda.mem_get_info()
     judge = torch.cuda.memory_reserved()
-    placed = sum(p.kept_bytes for p in plans) + (plans[-1].proof_bytes if plans else 0)
+    placed = _placed_in_runner(plans)
     left = total - judge - placed - GRADER_CONTEXTS_BYTES
     share = (f"{left / 1e9:.1f} of the GPU's {total / 1e9:.1f} GB were the candidate's (the grader's own: the judge "
              f"{judge / 1e9:.1f} GB, placed in the runner {placed / 1e9:.1f} GB, CUDA contexts "
@@ -314,7 +320,7 @@ def _judge_oom_verdict(exc: torch.OutOfMemoryError, plans: list[ShapePlan], wher
     and the CUDA contexts account for."""
     free, total = torch.cuda.mem_get_info()
     judge = torch.cuda.memory_reserved()
-    placed = sum(p.kept_bytes for p in plans) + (plans[-1].proof_bytes if plans else 0)
+    placed = _placed_in_runner(plans)
     candidate = total - free - judge - placed - GRADER_CONTEXTS_BYTES
     share = (f"the candidate held {candidate / 1e9:.1f} of the GPU's {total / 1e9:.1f} GB (the grader's own: the "
              f"judge {judge / 1e9:.1f} GB, placed in the runner {placed / 1e9:.1f} GB, CUDA contexts "

@@ -24,22 +24,24 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from kernelboard.errors import UsageError
 
 from .interrupted import merged_records, read_records, without_graded, write_records
 from .schema import TABLES
-from .tables import finish_pending, load_all, read_table, results_lock, rows_to_table, table_path, write_atomic
+from .tables import (
+    finish_pending,
+    load_all,
+    results_lock,
+    rows_to_table,
+    table_path,
+    table_rows,
+    write_atomic,
+)
 
 #: Write order: a results row lands only after the run and shape rows it refers to.
 _ORDER = ("runs", "shapes", "baselines", "hardware", "results")
 _HEADER = "=== "
-
-
-def _rows(results_dir: Path, gpu: str, name: str) -> list[dict[str, Any]]:
-    path = table_path(results_dir, gpu, name)
-    return read_table(path, name).to_pylist() if path.exists() else []
 
 
 def _later(mine: dt.datetime | None, theirs: dt.datetime | None) -> bool:
@@ -69,7 +71,7 @@ def _merge_gpu(theirs: dict[str, list[dict]], dst: Path, gpu: str,
                report: dict[str, Counter]) -> tuple[dict[str, list[dict]], set[str]]:
     """The merged tables of one GPU folder (`theirs`: the source's rows), and the run_ids whose
     grading came from the source."""
-    tables = {name: _rows(dst, gpu, name) for name in _ORDER}
+    tables = {name: table_rows(dst, gpu, name) for name in _ORDER}
     tables["results"], taken = _newer_rows(theirs["results"], tables["results"], TABLES["results"][1],
                                            "graded_at", report["results"])
     won = {run_id for run_id, _ in taken}  # a run moves as a whole: its shapes and runs row follow
@@ -127,8 +129,8 @@ def problems_on_boards(results_dir: Path) -> Counter:
     if not has_tables(results_dir):
         return held
     for gpu_dir in sorted(p for p in results_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        runs = {r["run_id"]: r for r in _rows(results_dir, gpu_dir.name, "runs")}
-        for result in _rows(results_dir, gpu_dir.name, "results"):
+        runs = {r["run_id"]: r for r in table_rows(results_dir, gpu_dir.name, "runs")}
+        for result in table_rows(results_dir, gpu_dir.name, "results"):
             run = runs.get(result["run_id"])
             if run is not None and not result.get("off_board"):
                 held[gpu_dir.name, run["bench"], run["problem"]] += 1
@@ -154,7 +156,7 @@ def merge_results(src: Path, dst: Path, skip: frozenset[str] = frozenset()) -> d
         finish_pending(src)
         load_all(src)  # every table of both sides valid before anything is written
         gpus = sorted(p.name for p in src.iterdir() if p.is_dir() and not p.name.startswith("."))
-        theirs = {gpu: {name: _rows(src, gpu, name) for name in _ORDER} for gpu in gpus}
+        theirs = {gpu: {name: table_rows(src, gpu, name) for name in _ORDER} for gpu in gpus}
     unknown = skip - {r["run_id"] for tables in theirs.values() for r in tables["results"]}
     if unknown:
         raise UsageError(f"{src}: no grading of {', '.join(sorted(unknown))} here to skip")

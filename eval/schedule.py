@@ -71,7 +71,7 @@ from .settings import (
     result_current,
 )
 from .submission import Submission, discover
-from .tables import finish_pending, read_table, table_path, upsert, upsert_together
+from .tables import finish_pending, read_table, table_path, table_rows, upsert, upsert_together
 
 _console = Console(stderr=True, soft_wrap=True)  # lines a program may read never break mid-word
 
@@ -388,8 +388,7 @@ _MEASURED = ("measured_copy_gb_s", "measured_bf16_tflop_s", "measured_fp8_tflop_
 
 
 def _hardware(out: Path, gpu: str) -> dict[str, Any] | None:
-    path = table_path(out, gpu, "hardware")
-    rows = read_table(path, "hardware").to_pylist() if path.exists() else []
+    rows = table_rows(out, gpu, "hardware")
     return rows[0] if rows else None
 
 

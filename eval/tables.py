@@ -43,6 +43,12 @@ def table_path(results_dir: Path, gpu: str, name: str) -> Path:
     return results_dir / gpu / f"{name}.parquet"
 
 
+def table_rows(results_dir: Path, gpu: str, name: str) -> list[dict[str, Any]]:
+    """One GPU folder's table as rows; none where the folder has no such table yet."""
+    path = table_path(results_dir, gpu, name)
+    return read_table(path, name).to_pylist() if path.exists() else []
+
+
 def results_lock_path(results_dir: Path) -> Path:
     """The lock file of one results folder: in `locks.lock_dir()`, named by a hash of the folder's real
     path, so the folder itself (committed data, fingerprinted by the site) never changes for it."""

@@ -143,10 +143,9 @@ EVIDENCE: dict[str, str] = {
         "small_qkv's reference outputs have a median |x| of 1.2e-9 and a largest of 1.5e-8, nominal's 1.2e-3 "
         "and 1.4e-2, large_qkv's 1.1e-2 and 0.15. Theirs runs the reference on each case's scaled inputs "
         "first, in the same process: its allocations come between two cases', so their pointers need not "
-        "repeat. KernelBench-Hard's check added a probe "
-        "for this on 2026-08-07 (f41cf40: a warmed input rewritten in place, its pointer kept, \"so output "
-        "caches cannot masquerade as CUDA-graph replay\"), after it graded this kernel. Any caller that "
-        "allocates its inputs anew each step meets it"),
+        "repeat. KernelBench-Hard's check added a probe for this on 2026-08-07 (f41cf40: a warmed input "
+        "rewritten in place, its pointer kept, \"so output caches cannot masquerade as CUDA-graph replay\"), "
+        "after it graded this kernel. Any caller that allocates its inputs anew each step meets it"),
     "20260707_044245_longcat-claude_LongCat-2.0_07_w4a16_gemm": (
         "other GPU: theirs graded it on an RTX PRO 6000 (sm_120); on an H100 (sm_90, Triton 3.6.0) its "
         "autotuner's first call faults with an illegal memory access. bench/autotune_configs.py --shape 0 ran "
