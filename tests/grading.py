@@ -111,3 +111,20 @@ def grade(root: Path, problems: Iterable[str], submissions: Mapping[str, tuple[s
         baselines.copy_into(root / "out", problems, opts["rep_ms"], tuple(opts.get("skip_baselines", ())))
     rows = run_eval(EvalOptions(deck=deck, submissions=root / "subs", out=root / "out", **opts))
     return {r["run_id"]: r for r in rows}
+
+
+def judge_out_of_memory(monkeypatch: Any, free_gb: float, judge_gb: float, placed_gb: float, where: str,
+                        error: str = "CUDA out of memory.") -> Any:
+    """`judge._judge_oom_verdict` on an 85 GB GPU (the H100 80GB HBM3's 79.18 GiB) with the figures the judge
+    would measure: `free_gb` free, the judge holding `judge_gb`, the grader's placed sets `placed_gb`."""
+    import torch
+
+    from kernelboard.eval import judge
+    from kernelboard.eval.plan import ShapePlan
+    from kernelboard.eval.problem import Shape
+
+    gb = 10**9
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (int(free_gb * gb), int(85.02 * gb)))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: int(judge_gb * gb))
+    plans = [ShapePlan(Shape(0, "headline", {}), [], {}, kept_bytes=int(placed_gb * gb), proof_bytes=0)]
+    return judge._judge_oom_verdict(torch.OutOfMemoryError(error), plans, where)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from grading import judge_out_of_memory
 
 from kernelboard.eval import runner
 from kernelboard.eval.failure import Failure
@@ -589,26 +590,14 @@ def test_a_shape_released_lets_go_of_its_checks_and_floor_batches_and_keeps_its_
     assert shape.timing[0][0] is timing and shape.model is model
 
 
-def _judge_out_of_memory(monkeypatch: pytest.MonkeyPatch, free_gb: float, judge_gb: float, placed_gb: float):
-    """`judge._judge_oom_verdict` on an 85 GB GPU (the H100 80GB HBM3's 79.18 GiB) as measured then."""
-    from kernelboard.eval import judge
-    from kernelboard.eval.plan import ShapePlan
-    from kernelboard.eval.problem import Shape
-
-    gb = 10**9
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (int(free_gb * gb), int(85.02 * gb)))
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: int(judge_gb * gb))
-    plans = [ShapePlan(Shape(0, "headline", {}), [], {}, kept_bytes=int(placed_gb * gb), proof_bytes=0)]
-    error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1024.00 MiB.\nthe rest of torch's text")
-    return judge._judge_oom_verdict(error, plans, "shape 2 (wide intermediate)")
-
-
 def test_the_judges_own_out_of_memory_error_within_its_share_is_not_graded(monkeypatch: pytest.MonkeyPatch) -> None:
     """LongCat-2.0 06 082519 (2026-12-06): the judge ran out drawing the wide shape, holding about 40 GB, beside
     a runner of 38.5 GB whose allocator still cached the grader's floor batches of the shapes before. The
     candidate's own use was within the half of the GPU a kernel is promised: the grader's fault, no verdict
     (and `--resume` grades it again)."""
-    verdict = _judge_out_of_memory(monkeypatch, free_gb=1.0, judge_gb=40.0, placed_gb=12.0)
+    verdict = judge_out_of_memory(monkeypatch, free_gb=1.0, judge_gb=40.0, placed_gb=12.0,
+                                  where="shape 2 (wide intermediate)",
+                                  error="CUDA out of memory. Tried to allocate 1024.00 MiB.\nthe rest of torch's text")
     assert verdict.status == "not_graded"
     assert verdict.message.startswith("shape 2 (wide intermediate): the judge ran out of GPU memory while the "
                                       "candidate held 29.9 of the GPU's 85.0 GB (the grader's own: the judge 40.0 GB, "

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from grading import REEXPORT, MeasuredBaselines, grade
+from grading import REEXPORT, MeasuredBaselines, grade, judge_out_of_memory
 
 PROBLEM = "03_paged_attention"
 
@@ -315,17 +315,8 @@ def test_hoarding_the_gpu_so_the_judge_runs_out_is_the_kernels_oom(monkeypatch: 
     holds beyond the grader's placed sets and the contexts is the candidate's; over the half of the GPU it is
     promised, the judge's own error is the kernel's `oom`, a failure that counts. (A CPU test of the rule:
     `judge._judge_oom_verdict` with the GPU's figures as the judge would measure them.)"""
-    import torch
-
-    from kernelboard.eval import judge
-    from kernelboard.eval.plan import ShapePlan
-    from kernelboard.eval.problem import Shape
-
-    gb = 10**9
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (int(0.5 * gb), int(85.02 * gb)))
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 20 * gb)  # the judge, drawing shape 1
-    plans = [ShapePlan(Shape(0, "headline", {}), [], {}, kept_bytes=10 * gb, proof_bytes=0)]
-    verdict = judge._judge_oom_verdict(torch.OutOfMemoryError("CUDA out of memory."), plans, "shape 1 (small)")
+    verdict = judge_out_of_memory(monkeypatch, free_gb=0.5, judge_gb=20.0, placed_gb=10.0,
+                                  where="shape 1 (small)")  # the judge, drawing shape 1
     assert verdict.status == "oom"
     assert verdict.message == ("shape 1 (small): the judge ran out of GPU memory while the candidate held 52.4 of "
                                "the GPU's 85.0 GB (the grader's own: the judge 20.0 GB, placed in the runner 10.0 GB, "
