@@ -7,9 +7,13 @@ pages also show the speedup over the **fastest PyTorch line**: per shape, the sm
 lines measured for that shape on that GPU — every `ok` row of the baselines table (eager, each compile
 mode, each library line) and the eager and compile times the run itself was compared with
 (shapes.parquet; for an imported run, its source's per-shape times) — divided by the solution's median,
-then the geomean over the run's shapes. It is never above the speedup over compile, and equals it where
-compile is the fastest line on every shape. A shape without a solution time or without any line time
-gives no figure at all (None): nothing is guessed. Pure arithmetic over loaded records, no I/O.
+then the geomean over the run's shapes. It is never above the headline speedup, and equals it where the
+headline's line is the fastest on every shape. The pages mark a run, a shape or a problem only where that
+line is beaten: the headline divides by torch.compile on Hard and by the deck's own baseline on Mega
+(baseline.py, its `Result.baseline_variant`), which is usually the fastest line there, so a Mega cell
+repeating its headline as "vs fastest" would only say the same number twice. A shape without a solution
+time or without any line time gives no figure at all (None): nothing is guessed. Pure arithmetic over
+loaded records, no I/O.
 
 A time is only ever divided by a time taken the same way: grader 0.4.0 times GPU calls with their
 dispatch covered (rows with a `timing_method`), older graders synchronised (rows without one), so a
@@ -21,16 +25,17 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kernelboard.eval.roofline import geomean
 
-from .load import Baseline, Result, ShapeResult
+from .load import COMPILE_LABEL, DECK_BASELINE_LABEL, Baseline, Result, ShapeResult
 
 __all__ = ["FastestLines", "Line", "ShapeLines", "VsFastest"]
 
 
-#: At equal times the line earlier here is named fastest: a tie with compile never marks a shape.
+#: At equal times the line earlier here is named fastest: a tie with compile never marks a shape (and a
+#: deck's own baseline comes before all of them).
 _KIND_ORDER = {"compile": 0, "eager": 1, "library": 2}
 
 
@@ -41,6 +46,7 @@ class Line:
 
     variant: str
     ms: float
+    label: str | None = None  # the name the pages print, where it is not read from the variant (the deck's baseline)
 
     @property
     def kind(self) -> str:
@@ -54,7 +60,9 @@ class Line:
 
     @property
     def name(self) -> str:
-        """As the pages print it: 'eager', 'torch.compile (max-autotune)', 'torch.topk'."""
+        """As the pages print it: 'eager', 'torch.compile (max-autotune)', 'torch.topk', 'baseline.py'."""
+        if self.label is not None:
+            return self.label
         if self.kind == "compile":
             return f"torch.compile ({self.detail})" if self.detail else "torch.compile"
         return self.detail if self.kind == "library" and self.detail else self.variant
@@ -62,26 +70,38 @@ class Line:
 
 @dataclass(frozen=True)
 class ShapeLines:
-    """The lines measured for one shape on one GPU: the fastest of all, and the fastest compile mode."""
+    """The lines measured for one shape on one GPU: the fastest of all, and the headline's: what the
+    headline speedup divides by there (the fastest torch.compile mode, or the deck's own baseline), named
+    `over` as the pages print it."""
 
     shape_idx: int
     shape_label: str
     fastest: Line
-    compile: Line | None
+    headline: Line | None
+    over: str = COMPILE_LABEL
 
     @property
-    def compile_beaten(self) -> bool:
-        """Compile was measured, and eager or a library line is faster (strictly)."""
-        return self.compile is not None and self.fastest.kind != "compile"
+    def headline_beaten(self) -> bool:
+        """The headline's line was measured, and another line is faster (strictly: at equal times the
+        headline's line is named fastest)."""
+        return self.headline is not None and self.fastest.ms < self.headline.ms
 
 
-def _shape_lines(shape_idx: int, label: str, lines: Iterable[Line]) -> ShapeLines | None:
+def _shape_lines(shape_idx: int, label: str, lines: Iterable[Line], deck_baseline: str | None) -> ShapeLines | None:
+    """`deck_baseline`: the variant a deck's own headline divides by (Mega's 'library:tuned'), else None
+    (the headline divides by torch.compile's fastest mode)."""
     lines = [line for line in lines if line.ms > 0]
+    if deck_baseline is not None:
+        lines = [replace(line, label=DECK_BASELINE_LABEL) if line.variant == deck_baseline else line for line in lines]
     if not lines:
         return None
-    ranked = sorted(lines, key=lambda line: (line.ms, _KIND_ORDER.get(line.kind, 3), line.variant))
-    compiled = [line for line in ranked if line.kind == "compile"]
-    return ShapeLines(shape_idx, label, ranked[0], compiled[0] if compiled else None)
+    ranked = sorted(lines, key=lambda line: (line.ms, line.variant != deck_baseline,
+                                              _KIND_ORDER.get(line.kind, 3), line.variant))
+    if deck_baseline is None:
+        headline = next((line for line in ranked if line.kind == "compile"), None)
+        return ShapeLines(shape_idx, label, ranked[0], headline)
+    headline = next((line for line in ranked if line.variant == deck_baseline), None)
+    return ShapeLines(shape_idx, label, ranked[0], headline, DECK_BASELINE_LABEL)
 
 
 def summary(lines: Iterable[ShapeLines]) -> str:
@@ -105,13 +125,18 @@ class VsFastest:
         return len(self.shapes)
 
     @property
+    def over(self) -> str:
+        """What the run's headline divides by, as the pages name it ('torch.compile', 'baseline.py')."""
+        return self.shapes[0][0].over if self.shapes else COMPILE_LABEL
+
+    @property
     def beaten(self) -> int:
-        """Shapes on which compile is not the fastest line."""
-        return sum(1 for lines, _ in self.shapes if lines.compile_beaten)
+        """Shapes on which the headline's line is not the fastest."""
+        return sum(1 for lines, _ in self.shapes if lines.headline_beaten)
 
     @property
     def marked(self) -> bool:
-        """Compile is not the strongest baseline on some shape of this run: the pages say so."""
+        """The headline's line is not the strongest baseline on some shape of this run: the pages say so."""
         return self.beaten > 0
 
     @property
@@ -130,7 +155,7 @@ class VsFastest:
     @property
     def note(self) -> str:
         """One line for a tooltip: what the figure is and why it is shown."""
-        return (f"torch.compile is not the fastest PyTorch line on {self.beaten} of {self.n} "
+        return (f"{self.over} is not the fastest PyTorch line on {self.beaten} of {self.n} "
                 f"shape{'s' if self.n != 1 else ''} ({self.who}); over the fastest line per shape this "
                 f"run is {self.value:.2f}× (geomean)")
 
@@ -149,20 +174,23 @@ class FastestLines:
                     Line(b.variant, b.median_ms))
                 self._labels[(b.bench, b.problem, b.gpu, b.shape_idx)] = b.shape_label
 
-    def problem(self, bench: str, problem: str, gpu: str) -> tuple[ShapeLines, ...]:
+    def problem(self, bench: str, problem: str, gpu: str, deck_baseline: str | None = None) -> tuple[ShapeLines, ...]:
         """Every shape of a problem on a GPU that has a baseline row, by shape index (the problem page),
-        each with the lines of the newer timing method it has."""
+        each with the lines of the newer timing method it has; `deck_baseline` as its board's results name
+        it (`Result.baseline_variant`), else None."""
         shapes = sorted({k[3] for k in self._lines if k[:3] == (bench, problem, gpu)})
         found = (_shape_lines(i, self._labels[(bench, problem, gpu, i)],
                               self._lines.get((bench, problem, gpu, i, True))
-                              or self._lines[(bench, problem, gpu, i, False)]) for i in shapes)
+                              or self._lines[(bench, problem, gpu, i, False)], deck_baseline) for i in shapes)
         return tuple(s for s in found if s is not None)
 
     def _own_lines(self, result: Result, shape: ShapeResult) -> list[Line]:
-        """The eager and compile times the run was compared with on this shape."""
+        """The eager, compile and deck-baseline times the run was compared with on this shape."""
         mode = result.compile_variant or ""
         compile_variant = mode if mode.startswith("compile") and "," not in mode else "compile"
         own = [("eager", shape.eager_ms), (compile_variant, shape.compile_ms)]
+        if result.baseline_variant is not None:
+            own.append((result.baseline_variant, shape.baseline_ms))
         return [Line(v, ms) for v, ms in own if ms is not None and ms > 0]
 
     def of(self, bench: str, problem: str, result: Result) -> VsFastest | None:
@@ -175,7 +203,8 @@ class FastestLines:
             if s.median_ms is None or s.median_ms <= 0:
                 return None
             key = (bench, problem, result.gpu, s.shape_idx, s.timing_method is not None)
-            lines = _shape_lines(s.shape_idx, s.shape_label, [*self._lines.get(key, ()), *self._own_lines(result, s)])
+            lines = _shape_lines(s.shape_idx, s.shape_label, [*self._lines.get(key, ()), *self._own_lines(result, s)],
+                                 result.baseline_variant)
             if lines is None:
                 return None
             rows.append((lines, lines.fastest.ms / s.median_ms))

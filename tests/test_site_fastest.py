@@ -119,7 +119,7 @@ def test_the_speedup_over_the_fastest_line_is_recomputable_by_hand(variant: tupl
     assert got.who == f"eager on {got.n - 1} shapes, torch.fake_paged on 1"
     per_problem = lines.problem("hard", PROBLEM, GPU)
     assert [s.fastest.kind for s in per_problem] == ["eager"] * (got.n - 1) + ["library"]
-    assert all(s.compile_beaten for s in per_problem)
+    assert all(s.headline_beaten for s in per_problem)
 
 
 def test_a_time_is_divided_only_by_lines_timed_the_same_way(variant: tuple[SiteInputs, Path]) -> None:
@@ -146,7 +146,7 @@ def test_where_compile_is_fastest_nothing_is_marked(built_site: Path, site_input
         assert got is not None and not got.marked and got.value == pytest.approx(r.speedup_vs_compile, rel=1e-12)
     page = parse(built_site / PROBLEM_PAGE)
     assert page.find(f".//p[@id='fastest-{GPU}']") is None
-    assert not [e for e in page.iter() if "compile-beaten" in (e.get("class") or "")]
+    assert not [e for e in page.iter() if "headline-beaten" in (e.get("class") or "")]
     assert "vs fastest" not in text(parse(built_site / "index.html").find(f".//div[@id='board-{GPU}-hard']"))
 
 
@@ -161,7 +161,7 @@ def test_the_problem_page_says_compile_is_not_the_strongest(variant: tuple[SiteI
     assert alert.startswith("torch.compile is not the strongest baseline here.")
     assert "On 5 of 5 shapes" in alert and "(eager on 4 shapes, torch.fake_paged on 1;" in alert
     # the example is the fastest pass over compile, house rows included: here the house kernel
-    assert f"over compile and {_expected(inputs, HOUSE)[1]:.2f}× over the fastest PyTorch line" in alert
+    assert f"over torch.compile and {_expected(inputs, HOUSE)[1]:.2f}× over the fastest PyTorch line" in alert
     table = page.find(f".//section[@id='gpu-{GPU}']//table[@class='data submissions']")
     heads = [text(th) for th in table.iterfind("./thead/tr/th")]
     col = heads.index("× fastest line")
@@ -169,13 +169,13 @@ def test_the_problem_page_says_compile_is_not_the_strongest(variant: tuple[SiteI
     row = next(tr for tr in table.iterfind("./tbody/tr") if PASS in text(tr))
     cells = row.findall("td")
     cell = cells[col - 1]  # the row header (th) is not a td
-    assert "compile-beaten" in cell.get("class") and "compile beaten on 5/5" in text(cell)
+    assert "headline-beaten" in cell.get("class") and "torch.compile beaten on 5/5" in text(cell)
     assert text(cell).startswith(f"{over_fastest:.2f}×") and f"{over_compile:.2f}×" in text(cells[col - 3])
     baselines = page.findall(f".//section[@id='gpu-{GPU}']//table[@class='data']")[-1]
     rows = baselines.findall("./tbody/tr")
-    assert all(tr.get("class") == "compile-beaten" for tr in rows)
+    assert all(tr.get("class") == "headline-beaten" for tr in rows)
     fastest = [text(tr.findall("td")[-1]) for tr in rows]
-    assert fastest == ["eager beats compile"] * 4 + ["torch.fake_paged beats compile"]
+    assert fastest == ["eager beats torch.compile"] * 4 + ["torch.fake_paged beats torch.compile"]
     assert all(len(tr.findall("td[@class='num fastest']")) == 1 for tr in rows)  # one bold line per shape
 
 
@@ -184,7 +184,7 @@ def test_the_board_cell_shows_both_figures(variant: tuple[SiteInputs, Path]) -> 
     home = parse(site / "index.html")
     cell = next(td for td in home.iterfind(f".//div[@id='board-{GPU}-hard']//td") if "best" in (td.get("class") or ""))
     over_compile, over_fastest = _expected(inputs, PASS)
-    assert "compile-beaten" in cell.get("class")
+    assert "headline-beaten" in cell.get("class")
     assert text(cell.find(".//span[@class='value']")).startswith(f"{over_compile:.2f}×")
     assert text(cell.find(".//span[@class='why vs-fastest']")) == f"{over_fastest:.2f}× vs fastest"
     assert "torch.compile is not the fastest PyTorch line on 5 of 5 shapes" in cell.get("title")
@@ -194,7 +194,7 @@ def test_the_run_page_shows_the_figure_with_its_arithmetic(variant: tuple[SiteIn
     inputs, site = variant
     page = parse(site / "runs" / GPU / PASS / "index.html")
     headline = page.find(".//section[@class='headline tone-pass']")
-    line = text(headline.find(".//p[@class='vs-fastest compile-beaten']"))
+    line = text(headline.find(".//p[@class='vs-fastest headline-beaten']"))
     assert line.startswith(f"{_expected(inputs, PASS)[1]:.2f}× over the fastest PyTorch line per shape")
     assert "is not the strongest baseline on 5 of 5 shapes" in line
     assert "fastest-line geomean = (" in text(headline)
