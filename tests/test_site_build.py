@@ -212,6 +212,17 @@ def test_cpu_run_page_says_cpu_timings_loudly(built_site: Path) -> None:
     assert _text(tree.find(".//strong[@class='loud']")) == "CPU timings"
 
 
+def test_a_failed_run_page_says_its_grader_message_once(built_site: Path) -> None:
+    """A failure's reason is its grader's message: the headline says it, and the status line beneath it
+    does not say it again; a pass's status line keeps its message (what it was checked on)."""
+    wrong = _tree(built_site / "runs" / GPU / WRONG / "index.html")
+    headline = wrong.find(".//section[@class='headline tone-bad']")
+    message = _text(headline.find("p[2]")).removeprefix("did not score: ")
+    assert len(message) > 20 and _text(headline).count(message) == 1
+    passed = _tree(built_site / "runs" / GPU / PASS / "index.html")
+    assert _text(passed.find(".//p[@class='status-line']")) == "pass passed every shape, seed and stress case"
+
+
 def test_hostile_text_is_escaped_and_non_http_traces_are_not_links(built_site: Path) -> None:
     wrong = (built_site / "runs" / GPU / WRONG / "index.html").read_text()
     assert 'href="javascript:' not in wrong and "<code>javascript:alert(1)</code>" in wrong
