@@ -99,15 +99,15 @@ EVIDENCE: dict[str, str] = {
         "their check failed after 3 s on a B200, which runs the kernel's sm_100 code (solution.py:827; an "
         "H200 JIT-compiles its compute_90 PTX, :828); their check log is not published, and their label "
         "\"build\" is scripts/build_catalog.py's COMPILE_RE, which matches any line with \"error:\" (a "
-        "RuntimeError's or a CUDA error's too), so it need not be a build failure. On the H200 it is exact "
-        "on all 80 checks, the structural tie and spike cases included, and on every timed call"),
+        "RuntimeError's or a CUDA error's too), so it need not be a build failure. On the H200 and the H100 "
+        "SXM it is exact on all 80 checks, the structural tie and spike cases included, and on every timed call"),
     "20260709_011644_grok_grok-4.5_05_topk_bitonic": (
         "their check failed after 22 s on an H100; the kernel builds its extension on its first call "
         "(solution.py:541–551, into the default torch_extensions folder under the name topk_h100_final4); "
         "their check log is not published, and their label \"build\" is scripts/build_catalog.py's "
         "COMPILE_RE, tried before any value rule: their logs held \"error:\", \"load_inline\" or \"nvcc\" "
         "somewhere, which an exception or a failed build prints and a value mismatch does not. On the "
-        "H200 it builds from the published file and is exact on all 80 checks, the structural tie and "
+        "H200 and the H100 SXM it builds from the published file and is exact on all 80 checks, the structural tie and "
         "spike cases included, and on every timed call"),
     "20260709_040836_grok_grok-4.5_07_w4a16_gemm": (
         "their check failed after 5 s on an H100 PCIe, 5 s of it holding the GPU: too short to build its "
