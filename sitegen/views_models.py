@@ -175,7 +175,8 @@ class ModelPages:
         latest = runs[-1]
         notes = self.data.annotations
         sections = []
-        for board in self.boards:
+        # as the home page's tabs run: the boards kernelboard measured first, then the imported ones (stable)
+        for board in sorted(self.boards, key=lambda b: (b.is_cpu, b.is_imported)):
             row = next((r for r in board.rows if r.model == model), None)
             if row is None:
                 continue

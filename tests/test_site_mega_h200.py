@@ -153,3 +153,15 @@ def test_a_line_faster_than_baseline_py_marks_the_mega_pass_against_baseline_py(
     assert got is not None and got.marked and got.beaten == 1 and got.over == "baseline.py"
     assert got.note.startswith("baseline.py is not the fastest PyTorch line on 1 of 3 shapes (baseline.py on 2")
     assert got.value == pytest.approx(best.speedup_vs_baseline / 2 ** (1 / 3), rel=1e-9)
+
+
+def test_a_model_page_shows_the_boards_kernelboard_measured_before_the_imported_ones(committed_site: Path) -> None:
+    """As the home page's tabs run: claude-fable-5 has cells on the measured H100 SXM and H200 boards and on
+    every imported one; its page leads with ours, Hard before Mega on a GPU."""
+    page = parse(committed_site / "models" / "claude-fable-5" / "index.html")
+    ids = [s.get("id") for s in page.iter("section") if "model-board" in (s.get("class") or "")]
+    measured = ["board-h100-sxm-hard", "board-h200-hard", "board-h200-mega"]
+    assert ids[:3] == measured and len(ids) > 3
+    sections = {s.get("id"): s for s in page.iter("section")}
+    assert all(sections[i].find(".//p[@class='measured-by']") is not None for i in measured)
+    assert all(sections[i].find(".//p[@class='measured-by imported']") is not None for i in ids[3:])
