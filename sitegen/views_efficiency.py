@@ -234,10 +234,14 @@ class Section:
 
 def efficiency(data: SiteData) -> dict[str, Any]:
     """Context of efficiency/index.html: one section per GPU, one efficiency board per bench."""
-    boards = [_board(b) for b in build_boards(data)]
+    built = build_boards(data)
+    boards = [_board(b) for b in built]
+    # as the home page's tabs run: the GPUs kernelboard measured first, then imported ones, then CPU timings
+    imported = {b.gpu for b in built if b.is_imported} - {b.gpu for b in built if not b.is_imported}
+    gpus = sorted(gpu_order(b.gpu for b in boards), key=lambda gpu: (gpu == CPU_KEY, gpu in imported))
     sections = [Section(gpu, next(b.label for b in boards if b.gpu == gpu), gpu == CPU_KEY,
                         tuple(b for b in boards if b.gpu == gpu))
-                for gpu in gpu_order(b.gpu for b in boards)]
+                for gpu in gpus]
     return {
         "title": "Efficiency",
         "sections": sections,

@@ -227,3 +227,11 @@ def test_the_charts_draw_without_console_errors(browser, eff_url: str) -> None:
         assert page.locator(f"{chart} .scatterlayer .js-line").count() == 1  # the frontier
     assert problems == []
     page.close()
+
+
+def test_the_gpus_kernelboard_measured_come_first(committed_site: Path) -> None:
+    """As the home page's tabs run: on the committed data the H100 SXM and H200 sections (graded here) come
+    before the imported B200, H100 PCIe and RTX PRO 6000 ones."""
+    page = _tree(committed_site / "efficiency" / "index.html")
+    gpus = [s.get("id") for s in page.iter("section") if "gpu" in (s.get("class") or "").split()]
+    assert gpus == ["gpu-h100-sxm", "gpu-h200", "gpu-b200", "gpu-h100-pcie", "gpu-rtx-pro-6000"]
