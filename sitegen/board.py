@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from kernelboard.eval.schema import AGENT_OUTCOMES, STATUSES, UNSCORED_STATUSES
-from kernelboard.eval.settings import version_order
+from kernelboard.eval.settings import tightened_since, version_order
 
 from .fastest import FastestLines, VsFastest
 from .load import COMPILE_LABEL, CPU_KEY, DECK_BASELINE_LABEL, Annotation, Problem, Result, Run, SiteData
@@ -260,6 +260,15 @@ class Cell:
     def is_megakernel(self) -> bool:
         """Measured: every shape's call launched at most MEGAKERNEL_MAX_LAUNCHES kernels."""
         return self.launches is not None and self.launches <= MEGAKERNEL_MAX_LAUNCHES
+
+    @property
+    def to_regrade(self) -> tuple[str, str] | None:
+        """(the grader, what it checks more strictly) for a pass kernelboard measured under a check the current
+        grader tightened (settings.TIGHTENED_PASSES): shown as measured, marked, until `--resume` grades it
+        again; None otherwise (an imported pass is its source's verdict)."""
+        if self.result.is_imported:
+            return None
+        return tightened_since(self.result.grader_version, self.run.problem, self.result.status)
 
     @property
     def flag(self) -> str | None:

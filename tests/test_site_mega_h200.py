@@ -165,3 +165,23 @@ def test_a_model_page_shows_the_boards_kernelboard_measured_before_the_imported_
     sections = {s.get("id"): s for s in page.iter("section")}
     assert all(sections[i].find(".//p[@class='measured-by']") is not None for i in measured)
     assert all(sections[i].find(".//p[@class='measured-by imported']") is not None for i in ids[3:])
+
+
+def test_a_pass_graded_before_a_tightened_check_says_so_on_the_board(board: Element, committed_site: Path) -> None:
+    """The H200 Mega passes were graded by 0.4.6–0.5.2, before 0.5.11 held a step at a router near-tie
+    element-wise (settings.TIGHTENED_PASSES): each AI model's cell is marked "to be graded again", as its run
+    page says, and no cell of the Hard boards is."""
+    from kernelboard.eval.settings import tightened_since
+
+    versions = {r["run_id"]: r["grader_version"] for r in pq.read_table(DATA / "results" / "h200" / "results.parquet")
+                .to_pylist()}
+    cells = [td for td in board.iter("td") if "tone-pass" in (td.get("class") or "")]
+    assert cells
+    for td in cells:
+        run_id = td.find(".//a").get("href").rstrip("/").rsplit("/", 1)[-1]
+        marked = td.find(".//span[@class='why to-regrade']") is not None
+        assert marked == (tightened_since(versions[run_id], "02_kimi_linear_decode", "pass") is not None), run_id
+    assert any(td.find(".//span[@class='why to-regrade']") is not None for td in cells)
+    home = parse(committed_site / "index.html")
+    hard = home.find(".//section[@id='hard']")
+    assert hard is not None and "to be graded again" not in text(hard)
