@@ -100,31 +100,41 @@ def robots(base_url: str | None) -> bytes:
 
 @dataclass(frozen=True)
 class Provenance:
-    """Where the results come from, per device: the software it was graded with."""
+    """Where the results come from, per board GPU: the devices its rows name where they are not the board's
+    own name, and the software they were graded with."""
 
-    device: str
-    graders: tuple[str, ...]
+    device: str  # the board's GPU, as its tabs name it
+    graders: tuple[str, ...]  # in release order
     drivers: tuple[str, ...]
     cudas: tuple[str, ...]
     torches: tuple[str, ...]
+    devices: tuple[str, ...] = ()  # the device names its rows record, where any differs from `device`
 
 
 def provenance(data: SiteData) -> tuple[Provenance, ...]:
-    """One entry per device name in the results, GPUs first, with the distinct versions seen."""
+    """One entry per GPU in the results, in the home page's tab order (the GPUs kernelboard graded on, then
+    the imported ones, then CPU timings), with the distinct versions seen."""
     by_gpu: dict[str, dict[str, set[str]]] = {}
     names: dict[str, set[str]] = {}
+    ours: set[str] = set()
     for r in data.results:
         seen = by_gpu.setdefault(r.gpu, {"grader": set(), "driver": set(), "cuda": set(), "torch": set()})
         names.setdefault(r.gpu, set()).add(r.device_name)
-        for key, value in (("grader", r.grader_version), ("driver", r.driver_version),
+        if not r.is_imported:
+            ours.add(r.gpu)
+        grader = r.measured_by if r.is_imported else r.grader_version  # 'KernelBench-Hard (imported)', not 'kbh'
+        for key, value in (("grader", grader), ("driver", r.driver_version),
                            ("cuda", r.cuda_version), ("torch", r.torch_version)):
             if value:
                 seen[key].add(value)
-    return tuple(
-        Provenance(", ".join(sorted(names[gpu])), *(tuple(sorted(by_gpu[gpu][k]))
-                                                   for k in ("grader", "driver", "cuda", "torch")))
-        for gpu in gpu_order(by_gpu)
-    )
+    entries = []
+    for gpu in sorted(gpu_order(by_gpu), key=lambda g: (g == CPU_KEY, g not in ours)):
+        label = gpu_label(data, gpu) if gpu in data.hardware else ", ".join(sorted(names[gpu]))  # CPU: its own
+        devices = tuple(sorted(names[gpu])) if names[gpu] != {label} else ()
+        entries.append(Provenance(label, tuple(sorted(by_gpu[gpu]["grader"], key=settings.version_order)),
+                                  *(tuple(sorted(by_gpu[gpu][k])) for k in ("driver", "cuda", "torch")),
+                                  devices=devices))
+    return tuple(entries)
 
 
 # ------------------------------------------------------------------------------------ methodology

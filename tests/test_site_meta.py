@@ -132,7 +132,8 @@ def test_footer_links_downloads_and_shows_provenance(built_site: Path) -> None:
     footer = _tree(built_site / "index.html").find(".//footer")
     assert footer.find(".//a[@href='downloads/']") is not None
     text = _text(footer)
-    assert "NVIDIA H200: grader 0.1.0 · driver 580.95.05 · CUDA 12.8 · torch 2.11.0" in text
+    assert "NVIDIA H200 SXM (graded on NVIDIA H200): grader 0.1.0 · driver 580.95.05 · CUDA 12.8 · torch 2.11.0" in text
+    assert "x86_64 CPU: grader 0.1.0 · torch 2.11.0" in text
     assert "Last updated 2026-11-29" in text
 
 
@@ -225,3 +226,18 @@ def test_grader_versions_are_listed_in_release_order() -> None:
         "KernelBench-Hard (imported)", "kernelboard 0.5.7", "kernelboard 0.5.11", "kernelboard 0.5.13"]
     bare = ["0.5.11", "0.4.9", "0.5.9", "kbh"]
     assert sorted(bare, key=settings.version_order) == ["kbh", "0.4.9", "0.5.9", "0.5.11"]
+
+
+def test_the_footer_names_each_boards_gpu_and_its_graders_in_release_order(committed_site: Path) -> None:
+    """On the committed data: our boards first, as the home page's tabs; each board's name, the device its
+    rows name where that differs ('NVIDIA H100 80GB HBM3' on the H100 SXM5 board); grader versions in release
+    order (0.5.9 before 0.5.11, which a string sort reverses); an imported board names its grader."""
+    from kernelboard.eval.settings import version_order
+
+    lines = [_text(li) for li in _tree(committed_site / "index.html").iterfind(".//footer//ul[@class='provenance']/li")]
+    assert lines[0].startswith("NVIDIA H100 SXM5 (graded on NVIDIA H100 80GB HBM3): grader 0.5.")
+    assert lines[1].startswith("NVIDIA H200 SXM (graded on NVIDIA H200): grader 0.2.")
+    for line in lines[:2]:
+        versions = line.split(": grader ", 1)[1].split(" · ", 1)[0].split(", ")
+        assert versions == sorted(versions, key=version_order) and len(versions) > 3, line
+    assert "NVIDIA B200: grader KernelBench-Hard (imported), KernelBench-Mega (imported)" in lines
