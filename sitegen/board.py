@@ -386,6 +386,18 @@ def gpu_order(gpus: Iterable[str]) -> list[str]:
     return sorted(set(gpus), key=lambda g: (g == CPU_KEY, g))
 
 
+def tab_order(boards: Iterable[Board]) -> list[Board]:
+    """Boards as the home page's tabs run: those kernelboard measured first, then the imported ones, then CPU
+    test timings, each group in the order given (build_boards': `gpu_order`; the sort is stable)."""
+    return sorted(boards, key=lambda b: (b.is_cpu, b.is_imported))
+
+
+def tab_gpu_order(gpus: Iterable[str], measured: set[str]) -> list[str]:
+    """GPU keys as `tab_order` runs their boards: those in `measured` (a board kernelboard graded) first,
+    then the imported boards' GPUs, then CPU test timings, `gpu_order` within each."""
+    return sorted(gpu_order(gpus), key=lambda g: (g == CPU_KEY, g not in measured))
+
+
 def _preference(run: Run, result: Result, flagged: bool = False, metric: Metric = SPEEDUP) -> tuple:
     """Sort key: the smallest is the run a cell shows (see the module docstring). A pass is tier 0
     whatever it carries, so a pass without the board's metric still beats any failure; among passes,

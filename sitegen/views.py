@@ -42,6 +42,7 @@ from .board import (
     reason_for,
     result_metric,
     status_label,
+    tab_order,
 )
 from .fastest import FastestLines, ShapeLines, summary
 from .format import model_slug, num, pct, speedup
@@ -210,7 +211,7 @@ def bench_sections(data: SiteData) -> list[BenchSection]:
                      key=lambda b: (BENCH_ORDER.index(b) if b in BENCH_ORDER else len(BENCH_ORDER), b))
     sections = []
     for bench in benches:
-        ours = sorted((b for b in boards if b.bench == bench), key=lambda b: (b.is_cpu, b.is_imported))  # stable
+        ours = tab_order(b for b in boards if b.bench == bench)
         tabs = tuple(GpuTab(bench, b.gpu, b.label, b.is_cpu, data.hardware.get(b.gpu), *_top(b)) for b in ours)
         sections.append(BenchSection(bench, bench.title(), tabs))
     return sections

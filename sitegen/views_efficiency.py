@@ -23,7 +23,7 @@ from typing import Any
 from markupsafe import Markup
 
 from . import charts
-from .board import Board, Cell, Row, build_boards, gpu_order
+from .board import Board, Cell, Row, build_boards, tab_gpu_order
 from .load import CPU_KEY, Run, SiteData
 
 #: What the page says about how x is measured; the template prints it once.
@@ -236,9 +236,7 @@ def efficiency(data: SiteData) -> dict[str, Any]:
     """Context of efficiency/index.html: one section per GPU, one efficiency board per bench."""
     built = build_boards(data)
     boards = [_board(b) for b in built]
-    # as the home page's tabs run: the GPUs kernelboard measured first, then imported ones, then CPU timings
-    imported = {b.gpu for b in built if b.is_imported} - {b.gpu for b in built if not b.is_imported}
-    gpus = sorted(gpu_order(b.gpu for b in boards), key=lambda gpu: (gpu == CPU_KEY, gpu in imported))
+    gpus = tab_gpu_order((b.gpu for b in built), {b.gpu for b in built if not b.is_imported})
     sections = [Section(gpu, next(b.label for b in boards if b.gpu == gpu), gpu == CPU_KEY,
                         tuple(b for b in boards if b.gpu == gpu))
                 for gpu in gpus]

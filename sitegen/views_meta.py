@@ -30,7 +30,7 @@ from kernelboard.eval.deck import DEFAULT_TOLERANCE, Problem
 from kernelboard.eval.hardware import GPUS, PRECISIONS
 
 from .agreement import agreement
-from .board import ORDERING_RULE, STATUS_HELP, STATUS_LABELS, STATUS_TONES, gpu_label, gpu_order
+from .board import ORDERING_RULE, STATUS_HELP, STATUS_LABELS, STATUS_TONES, gpu_label, tab_gpu_order
 from .exports import Exports
 from .load import CPU_KEY, SiteData
 from .views import _markdown
@@ -128,7 +128,7 @@ def provenance(data: SiteData) -> tuple[Provenance, ...]:
             if value:
                 seen[key].add(value)
     entries = []
-    for gpu in sorted(gpu_order(by_gpu), key=lambda g: (g == CPU_KEY, g not in ours)):
+    for gpu in tab_gpu_order(by_gpu, ours):
         label = gpu_label(data, gpu) if gpu in data.hardware else ", ".join(sorted(names[gpu]))  # CPU: its own
         devices = tuple(sorted(names[gpu])) if names[gpu] != {label} else ()
         entries.append(Provenance(label, tuple(sorted(by_gpu[gpu]["grader"], key=settings.version_order)),
@@ -340,7 +340,8 @@ def downloads(data: SiteData, exports: Exports) -> dict[str, Any]:
         label = gpu_label(data, gpu) if gpu == CPU_KEY or gpu in data.hardware else gpu
         tables.append(DownloadTable(gpu, label,
                                     table, meta.num_rows, meta.num_columns, tuple(files)))
-    order = {g: i for i, g in enumerate(gpu_order({t.gpu for t in tables}))}
+    measured = {r.gpu for r in data.results if not r.is_imported}
+    order = {g: i for i, g in enumerate(tab_gpu_order({t.gpu for t in tables}, measured))}
     tables.sort(key=lambda t: (order[t.gpu], t.table))
     logs = sorted(k for k in data.table_files if not k.endswith(".parquet"))
     return {

@@ -24,6 +24,7 @@ from .board import (
     build_boards,
     gpu_label,
     gpu_order,
+    tab_order,
 )
 from .format import model_slug
 from .load import CPU_KEY, Problem, Result, Run, SiteData
@@ -175,8 +176,7 @@ class ModelPages:
         latest = runs[-1]
         notes = self.data.annotations
         sections = []
-        # as the home page's tabs run: the boards kernelboard measured first, then the imported ones (stable)
-        for board in sorted(self.boards, key=lambda b: (b.is_cpu, b.is_imported)):
+        for board in tab_order(self.boards):  # as the home page's tabs run: ours first, then the imported
             row = next((r for r in board.rows if r.model == model), None)
             if row is None:
                 continue
