@@ -203,6 +203,15 @@ def reason_for(run: Run, result: Result) -> str:
     return result.message
 
 
+def to_regrade(run: Run, result: Result) -> tuple[str, str] | None:
+    """(the grader, what it checks more strictly) for a pass kernelboard measured under a check the current
+    grader tightened (settings.TIGHTENED_PASSES): shown as measured, marked, until `--resume` grades it
+    again; None otherwise (an imported pass is its source's verdict). Its cell and its run page say so."""
+    if result.is_imported:
+        return None
+    return tightened_since(result.grader_version, run.problem, result.status)
+
+
 def no_speedup_reason(result: Result) -> str | None:
     """Why a pass carries no speedup — over torch.compile, or over its deck's own baseline (Mega) —
     in words (the importer's message), or None when it has one or is not a pass. Only an imported
@@ -263,12 +272,7 @@ class Cell:
 
     @property
     def to_regrade(self) -> tuple[str, str] | None:
-        """(the grader, what it checks more strictly) for a pass kernelboard measured under a check the current
-        grader tightened (settings.TIGHTENED_PASSES): shown as measured, marked, until `--resume` grades it
-        again; None otherwise (an imported pass is its source's verdict)."""
-        if self.result.is_imported:
-            return None
-        return tightened_since(self.result.grader_version, self.run.problem, self.result.status)
+        return to_regrade(self.run, self.result)
 
     @property
     def flag(self) -> str | None:

@@ -98,10 +98,10 @@ def _shape_lines(shape_idx: int, label: str, lines: Iterable[Line], deck_baselin
     ranked = sorted(lines, key=lambda line: (line.ms, line.variant != deck_baseline,
                                               _KIND_ORDER.get(line.kind, 3), line.variant))
     if deck_baseline is None:
-        headline = next((line for line in ranked if line.kind == "compile"), None)
-        return ShapeLines(shape_idx, label, ranked[0], headline)
-    headline = next((line for line in ranked if line.variant == deck_baseline), None)
-    return ShapeLines(shape_idx, label, ranked[0], headline, DECK_BASELINE_LABEL)
+        headline, over = next((line for line in ranked if line.kind == "compile"), None), COMPILE_LABEL
+    else:
+        headline, over = next((line for line in ranked if line.variant == deck_baseline), None), DECK_BASELINE_LABEL
+    return ShapeLines(shape_idx, label, ranked[0], headline, over)
 
 
 def summary(lines: Iterable[ShapeLines]) -> str:

@@ -19,7 +19,6 @@ from markdown_it import MarkdownIt
 from markupsafe import Markup
 
 from kernelboard.eval.roofline import geomean
-from kernelboard.eval.settings import tightened_since
 
 from . import charts
 from .board import (
@@ -43,6 +42,7 @@ from .board import (
     result_metric,
     status_label,
     tab_order,
+    to_regrade,
 )
 from .fastest import FastestLines, ShapeLines, summary
 from .format import model_slug, num, pct, speedup
@@ -442,8 +442,7 @@ def run(data: SiteData, result: Result, lines: FastestLines | None = None) -> di
         "outcome_label": OUTCOME_LABELS[the_run.agent_outcome],
         "cpu_timings": result.timer == "cpu_wall",
         # a pass kernelboard measured under a check the current grader makes stricter: shown, to be graded again
-        "to_regrade": None if result.is_imported else tightened_since(result.grader_version, the_run.problem,
-                                                                       result.status),
+        "to_regrade": to_regrade(the_run, result),
         "arithmetic": _arithmetic([s.speedup_vs_compile for s in result.shapes]) if result.is_pass else None,
         "roofline_arithmetic": _arithmetic([s.peak_fraction for s in result.shapes], percent=True)
         if result.is_pass and result.peak_fraction is not None else None,

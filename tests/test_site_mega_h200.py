@@ -108,7 +108,8 @@ def test_a_mega_pass_of_an_earlier_grader_says_it_is_to_be_graded_again(committe
     assert older >= 1 or not _mega_passes()
 
 
-def _h200_mega_lines() -> tuple[list[Any], Any, list[Any]]:
+@pytest.fixture(scope="module")
+def mega_lines() -> tuple[list[Any], Any, list[Any]]:
     """The committed data's baselines, the best H200 Mega pass, and the H200 Mega baseline rows."""
     from kernelboard.sitegen.load import load_site
 
@@ -119,13 +120,14 @@ def _h200_mega_lines() -> tuple[list[Any], Any, list[Any]]:
     return list(data.baselines), best, rows
 
 
-def test_where_baseline_py_is_the_fastest_line_a_mega_pass_is_not_marked(committed_site: Path, board: Element) -> None:
+def test_where_baseline_py_is_the_fastest_line_a_mega_pass_is_not_marked(committed_site: Path, board: Element,
+                                                                         mega_lines) -> None:
     """The Mega headline divides by the deck's own tuned step, which on the H200 is the fastest line on every
     shape (asserted from the tables first): 'vs fastest' would repeat the headline, and the alert that
     torch.compile is beaten would be about a figure the board does not rank on. Nothing is marked."""
     from kernelboard.sitegen.fastest import FastestLines
 
-    baselines, best, rows = _h200_mega_lines()
+    baselines, best, rows = mega_lines
     tuned = {b.shape_idx: b.median_ms for b in rows if b.variant == best.baseline_variant}
     assert tuned and all(tuned[b.shape_idx] <= b.median_ms for b in rows if b.status == "ok")
     got = FastestLines(baselines).of("mega", "02_kimi_linear_decode", best)
@@ -138,17 +140,17 @@ def test_where_baseline_py_is_the_fastest_line_a_mega_pass_is_not_marked(committ
     assert page.find(".//p[@id='fastest-h200']") is None
 
 
-def test_a_line_faster_than_baseline_py_marks_the_mega_pass_against_baseline_py() -> None:
+def test_a_line_faster_than_baseline_py_marks_the_mega_pass_against_baseline_py(mega_lines) -> None:
     """Were eager PyTorch faster than baseline.py on one context, the figure would be marked, and named
     against the line the board divides by."""
     import dataclasses
 
     from kernelboard.sitegen.fastest import FastestLines
 
-    baselines, best, rows = _h200_mega_lines()
+    baselines, best, rows = mega_lines
     shape = best.shapes[1]
-    eager = next(b for b in rows if b.shape_idx == shape.shape_idx and b.variant == best.baseline_variant)
-    faster = dataclasses.replace(eager, variant="eager", median_ms=shape.baseline_ms / 2)
+    tuned = next(b for b in rows if b.shape_idx == shape.shape_idx and b.variant == best.baseline_variant)
+    faster = dataclasses.replace(tuned, variant="eager", median_ms=shape.baseline_ms / 2)  # eager, twice as fast
     got = FastestLines([*baselines, faster]).of("mega", "02_kimi_linear_decode", best)
     assert got is not None and got.marked and got.beaten == 1 and got.over == "baseline.py"
     assert got.note.startswith("baseline.py is not the fastest PyTorch line on 1 of 3 shapes (baseline.py on 2")
