@@ -14,6 +14,13 @@ Inside it sees:
   `/dev/nvidia*` device nodes; a private `/tmp`; no network interface but loopback;
 - a scrubbed environment (`JAIL_ENV`): no secret of the grader's environment reaches it.
 
+Run by root (a GPU host's grader often is), the tree drops root before candidate code starts: bwrap keeps
+only CAP_SETUID/CAP_SETGID (no user namespace, where only root's id would be mapped), and `setpriv` turns it
+into a user id of its own, one per solution (`sandbox_uid`), with no capabilities and no-new-privs. The kernel
+exempts root from RLIMIT_NPROC, so without this a fork bomb had no limit where no cgroup can be made; with a
+uid per solution, the limit counts that solution's processes alone, and one submission's fork bomb cannot
+starve another's build running beside it. The folders it may write are handed to that uid first.
+
 Not visible: `--out`, `data/`, the deck folders (the runner gets a private copy of its problem),
 other submissions, the judge's job file, result file and `/proc` entries. Limits, applied before
 `bwrap` starts so that everything inside inherits them: file size, open files, core dumps; process
@@ -29,9 +36,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import os
 import resource
 import shutil
+import stat
 import subprocess
 import sys
 import uuid
@@ -61,6 +70,11 @@ MAX_FILE_BYTES = 8 << 30  # one file the candidate writes (compiled extensions a
 MAX_OPEN_FILES = 8192
 MEMORY_SHARE = 0.5  # of this machine's RAM, for the whole tree (inputs live in the judge's memfd)
 
+#: The user ids sandboxed trees run as when the grader is root (`sandbox_uid`): [BASE, BASE + COUNT), ids no
+#: account of a usual system has, so no file outside the tree's own folders is theirs.
+SANDBOX_UID_BASE = 200_000
+SANDBOX_UID_COUNT = 100_000
+
 
 @dataclass(frozen=True)
 class Jail:
@@ -73,6 +87,7 @@ class Jail:
     devices: tuple[str, ...] = ()  # device nodes bound in (GPU)
     memory_bytes: int = 0
     notes: tuple[str, ...] = field(default=())
+    setpriv: str | None = None  # the setpriv that drops root to `sandbox_uid` (None: the tree keeps our uid)
 
     def to_job(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,6 +111,45 @@ def find_bwrap() -> tuple[str, str] | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return (path, version[-1] if version else "?") if probe.returncode == 0 else None
+
+
+def sandbox_uid(owner: str) -> int:
+    """The user id a root grader's sandboxed tree runs as: one per solution (`owner`, its cache key), so that
+    the prebuild and the runner of one solution share their compile caches and RLIMIT_NPROC counts one
+    solution's processes."""
+    return SANDBOX_UID_BASE + int(hashlib.sha256(owner.encode()).hexdigest(), 16) % SANDBOX_UID_COUNT
+
+
+def _root_drop(readonly: tuple[str, ...], hidden: tuple[str, ...], devices: tuple[str, ...]) -> str | None:
+    """The setpriv that lets a root grader's sandbox drop to `sandbox_uid`, or None where it cannot (not root,
+    no setpriv, a device node closed to other users, or a trial run of Python as that uid in that sandbox
+    failing): the tree then keeps our uid, as its row's `sandbox` says."""
+    setpriv = shutil.which("setpriv")
+    if os.getuid() != 0 or setpriv is None:
+        return None
+    if any(os.stat(dev).st_mode & 0o006 != 0o006 for dev in devices if os.path.exists(dev)):
+        return None
+    return setpriv if _python_runs_as(setpriv, readonly, hidden, devices) else None
+
+
+@functools.cache
+def _python_runs_as(setpriv: str, readonly: tuple[str, ...], hidden: tuple[str, ...], devices: tuple[str, ...]) -> bool:
+    """Whether this Python imports the runner as an unprivileged uid in the sandbox (folders it must read,
+    such as a virtualenv under a private home, may be closed to other users)."""
+    found = find_bwrap()
+    if found is None:
+        return False
+    trial = Jail(found[0], found[1], readonly, hidden, devices, setpriv=setpriv)
+    argv = bwrap_argv(trial, writable=(), cwd=Path("/"), uid=sandbox_uid("trial"))
+    try:
+        done = subprocess.run([*argv, sys.executable, "-c", "import kernelboard.eval.runner"], capture_output=True,
+                              timeout=120, env=scrubbed_env(os.environ, unprivileged=True))
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    if done.returncode != 0:
+        print(f"[grader] the sandbox keeps root's uid: Python as uid {sandbox_uid('trial')} failed there "
+              f"({' '.join(done.stderr.decode(errors='replace').split())[-300:]})", file=sys.stderr, flush=True)
+    return done.returncode == 0
 
 
 def _package_folders() -> list[str]:
@@ -137,7 +191,9 @@ def make_jail(*, sandboxed: bool, device: str, hide: Iterable[Path]) -> Jail:
                      if any(str(Path(h).resolve()).startswith(s.rstrip("/") + "/") for s in shown)})
     devices = tuple(sorted(str(p) for p in Path("/dev").glob("nvidia*"))) if device == "cuda" else ()
     memory = int(_total_memory() * MEMORY_SHARE)
-    return Jail(found[0], found[1], tuple(dict.fromkeys(shown)), tuple(hidden), devices, memory)
+    readonly = tuple(dict.fromkeys(shown))
+    return Jail(found[0], found[1], readonly, tuple(hidden), devices, memory,
+                setpriv=_root_drop(readonly, tuple(hidden), devices))
 
 
 def problem_root(solution_dir: Path) -> Path:
@@ -162,12 +218,24 @@ def problem_copy(problem_path: Path, solution_dir: Path) -> Path:
     return copy
 
 
-def bwrap_argv(jail: Jail, *, writable: Iterable[Path], readable: Iterable[Path] = (), cwd: Path) -> list[str]:
+#: The namespaces of a tree that drops root itself: all of `--unshare-all`'s but the user namespace, where
+#: only root's own id would be mapped and `setpriv` could not change to another.
+OWN_NAMESPACES = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try")
+
+
+def bwrap_argv(jail: Jail, *, writable: Iterable[Path], readable: Iterable[Path] = (), cwd: Path,
+               uid: int | None = None) -> list[str]:
     """The bwrap command line for `jail`: the candidate's `writable` folders bound read-write, and
-    `readable` ones (its private copy of the problem) read-only."""
+    `readable` ones (its private copy of the problem) read-only; with `jail.setpriv`, ending in the
+    `setpriv` that makes the command run as `uid` with no capabilities."""
     assert jail.bwrap is not None
-    argv = [jail.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--proc", "/proc", "--dev", "/dev",
-            "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+    drop = jail.setpriv is not None and uid is not None
+    namespaces = [*OWN_NAMESPACES, "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if drop else ["--unshare-all"]
+    argv = [jail.bwrap, *namespaces, "--die-with-parent", "--new-session", "--proc", "/proc", "--dev", "/dev",
+            "--perms", "1777", "--tmpfs", "/tmp", "--perms", "1777", "--tmpfs", "/dev/shm"]
+    if drop:  # folders bwrap would make on the way to a bind are root's alone (0700) outside a user namespace
+        for folder in _ways_in([*jail.readonly, *map(str, writable), *map(str, readable)]):
+            argv += ["--perms", "0755", "--dir", folder]
     for path in jail.readonly:
         if os.path.islink(path) and path.count("/") == 1:  # /bin -> usr/bin on merged-/usr systems
             argv += ["--symlink", os.readlink(path), path]
@@ -181,12 +249,42 @@ def bwrap_argv(jail: Jail, *, writable: Iterable[Path], readable: Iterable[Path]
         argv += ["--ro-bind", str(path), str(path)]
     for dev in jail.devices:
         argv += ["--dev-bind-try", dev, dev]
-    return [*argv, "--chdir", str(cwd), "--"]
+    argv += ["--chdir", str(cwd), "--"]
+    if drop:
+        argv += [str(jail.setpriv), f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+                 "--no-new-privs", "--"]
+    return argv
 
 
-def scrubbed_env(env: Mapping[str, str]) -> dict[str, str]:
-    """Only the variables in JAIL_ENV, and a HOME that is the sandbox's private /tmp."""
-    return {**{k: v for k, v in env.items() if k in JAIL_ENV}, "HOME": "/tmp"}
+def _ways_in(binds: list[str]) -> list[str]:
+    """The folders above `binds` that no bind shows (bwrap makes them in the sandbox's own root or /tmp),
+    parents first."""
+    def shown(folder: str) -> bool:
+        return any(folder == b or folder.startswith(b.rstrip("/") + "/") for b in binds)
+
+    ways = {str(parent) for b in binds for parent in Path(b).parents if str(parent) not in ("/", "/tmp")}
+    return sorted((w for w in ways if not shown(w)), key=lambda w: (w.count("/"), w))
+
+
+def scrubbed_env(env: Mapping[str, str], *, unprivileged: bool = False) -> dict[str, str]:
+    """Only the variables in JAIL_ENV, and a HOME that is the sandbox's private /tmp; for a uid that no
+    account names, a USER (Python's `getpass.getuser`, which torch's caches ask, reads it first)."""
+    user = {"USER": "kernelboard-sandbox", "LOGNAME": "kernelboard-sandbox"} if unprivileged else {}
+    return {**{k: v for k, v in env.items() if k in JAIL_ENV}, "HOME": "/tmp", **user}
+
+
+def hand_over(folder: Path, uid: int) -> None:
+    """Make `folder` and what it holds `uid`'s, for a tree that drops root: never through a link (a symbolic
+    link is changed itself, not what it points to) and never a file with another name elsewhere (a hard link
+    a candidate made to a file of ours must not become its own)."""
+    for here, dirs, files in os.walk(folder, followlinks=False):
+        for name in [*dirs, *files]:
+            path = os.path.join(here, name)
+            with contextlib.suppress(OSError):
+                st = os.lstat(path)
+                if st.st_uid != uid and (stat.S_ISDIR(st.st_mode) or st.st_nlink == 1):
+                    os.chown(path, uid, uid, follow_symlinks=False)
+    os.chown(folder, uid, uid)
 
 
 @dataclass
@@ -250,14 +348,17 @@ def make_cgroup(memory_bytes: int) -> Cgroup | None:
         return None
 
 
-def rlimits(jail: Jail, cgroup: Cgroup | None, device: str) -> list[tuple[int | None, int, str | None]]:
+def rlimits(jail: Jail, cgroup: Cgroup | None, device: str,
+            uid: int | None = None) -> list[tuple[int | None, int, str | None]]:
     """The rlimits a sandboxed tree gets, decided in the parent, as (resource or None for a note alone,
-    value, what the result row says of it): process count and memory only where no cgroup holds them."""
+    value, what the result row says of it): process count and memory only where no cgroup holds them.
+    `uid`: the user id the tree runs as (None: ours), whose processes RLIMIT_NPROC counts."""
+    uid = os.getuid() if uid is None else uid
     limits: list[tuple[int | None, int, str | None]] = [
         (resource.RLIMIT_NOFILE, MAX_OPEN_FILES, None), (resource.RLIMIT_CORE, 0, None)]
     if cgroup is None:
-        limits.append((resource.RLIMIT_NPROC, MAX_PROCESSES + _processes_of_user(),
-                       "processes ≤ " + (f"{MAX_PROCESSES} more (RLIMIT_NPROC)" if os.getuid() != 0 else
+        limits.append((resource.RLIMIT_NPROC, MAX_PROCESSES + _processes_of_user(uid),
+                       "processes ≤ " + (f"{MAX_PROCESSES} more (RLIMIT_NPROC)" if uid != 0 else
                                          "unlimited (root: RLIMIT_NPROC is not enforced and no cgroup could be made)")))
         limits.append((resource.RLIMIT_DATA, jail.memory_bytes, f"memory ≤ {jail.memory_bytes >> 30} GiB (RLIMIT_DATA)")
                       if device == "cpu" and jail.memory_bytes else (None, 0, "memory unlimited (GPU)"))
@@ -278,9 +379,8 @@ def confine(cgroup: Cgroup | None, limits: list[tuple[int | None, int, str | Non
             resource.setrlimit(which, (value, value))
 
 
-def _processes_of_user() -> int:
-    """Processes this user runs now (RLIMIT_NPROC counts them all, not only the sandbox's)."""
-    uid = os.getuid()
+def _processes_of_user(uid: int) -> int:
+    """Processes `uid` runs now (RLIMIT_NPROC counts them all, not only the sandbox's)."""
     count = 0
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -308,8 +408,10 @@ class Confined:
 
 
 def start(jail: Jail, command: list[str], *, writable: Iterable[Path], cwd: Path, env: Mapping[str, str],
-          device: str, readable: Iterable[Path] = (), pass_fds: tuple[int, ...] = (), **popen: Any) -> Confined:
-    """Start `command` in `jail` (or plainly, unsandboxed), in a new process group."""
+          device: str, owner: str, readable: Iterable[Path] = (), pass_fds: tuple[int, ...] = (),
+          **popen: Any) -> Confined:
+    """Start `command` in `jail` (or plainly, unsandboxed), in a new process group; `owner` names the
+    solution it runs (its cache key), whose user id it gets where the jail drops root."""
     writable = [Path(w) for w in writable]
     for folder in writable:
         folder.mkdir(parents=True, exist_ok=True)
@@ -317,11 +419,15 @@ def start(jail: Jail, command: list[str], *, writable: Iterable[Path], cwd: Path
         proc = subprocess.Popen(command, cwd=cwd, env=dict(env), pass_fds=pass_fds, start_new_session=True,
                                 **popen)
         return Confined(proc, None, UNSANDBOXED)
+    uid = sandbox_uid(owner) if jail.setpriv is not None else None
+    for folder in writable if uid is not None else ():
+        hand_over(folder, uid)
     cgroup = make_cgroup(jail.memory_bytes)
-    limits = rlimits(jail, cgroup, device)
-    argv = bwrap_argv(jail, writable=writable, readable=readable, cwd=cwd) + command
-    proc = subprocess.Popen(argv, cwd=cwd, env=scrubbed_env(env), pass_fds=pass_fds, start_new_session=True,
-                            preexec_fn=functools.partial(confine, cgroup, limits), **popen)
+    limits = rlimits(jail, cgroup, device, uid)
+    argv = bwrap_argv(jail, writable=writable, readable=readable, cwd=cwd, uid=uid) + command
+    proc = subprocess.Popen(argv, cwd=cwd, env=scrubbed_env(env, unprivileged=uid is not None), pass_fds=pass_fds,
+                            start_new_session=True, preexec_fn=functools.partial(confine, cgroup, limits), **popen)
     notes = limit_notes(cgroup, limits)
-    return Confined(proc, cgroup, f"bubblewrap {jail.version}: own mount, pid, net, ipc, uts namespaces; "
+    user = f"runs as uid {uid}, not root, with no capabilities; " if uid is not None else ""
+    return Confined(proc, cgroup, f"bubblewrap {jail.version}: own mount, pid, net, ipc, uts namespaces; {user}"
                                   f"read-only system, sees only its scratch copy; {'; '.join(notes)}")

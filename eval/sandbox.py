@@ -288,7 +288,7 @@ def start_prebuild(problem_path: Path, solution_dir: Path, log_path: Path, cache
             proc = jail.start(cell, [sys.executable, "-m", "kernelboard.eval.prebuild", str(problem),
                                      str(solution_dir), f"{warm_call_s:g}", *([] if extensions else [NO_EXTENSIONS])],
                               writable=[solution_dir, cache_dir(cache_key)], readable=[jail.problem_root(solution_dir)],
-                              cwd=solution_dir, env=env, device="cpu",
+                              cwd=solution_dir, env=env, device="cpu", owner=cache_key,
                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).proc
         except BaseException:
             os.close(cache_fd)

@@ -322,6 +322,9 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: candidate's `oom` where the runner held more than CANDIDATE_GPU_SHARE_MIN of the GPU beyond the grader's
 #: placed sets, not_graded within it (until then always not_graded, a verdict a hoarding kernel could dodge);
 #: --resume grades again a not_graded row that is the grader's failure (schedule.gives_verdict).
+#: 0.5.20: a root grader's sandbox drops root before candidate code runs (jail.sandbox_uid: a uid of its own per
+#: solution, no capabilities), so RLIMIT_NPROC, which the kernel does not apply to root, stops a fork bomb where
+#: no cgroup can be made (the GPU hosts); the row's `sandbox` says which uid it ran as. Verdicts unchanged.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 #: Passes an earlier grader gave under a looser check than the current one, as (the first grader with the

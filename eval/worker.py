@@ -91,7 +91,8 @@ def start_runner(job: Job) -> tuple[RunnerProcess, socket.socket]:
              "rep_ms": job.rep_ms, "parent_pid": os.getpid() if job.jail is None else None}
     command = [sys.executable, "-m", "kernelboard.eval.runner", str(theirs.fileno()), json.dumps(setup)]
     cell = job.jail if job.jail is not None else jail.Jail(None)
-    confined = jail.start(cell, command, writable=[solution_dir, *job.caches],
+    owner = Path(job.caches[0]).name if job.caches else str(solution_dir)  # the cache key: the prebuild's uid
+    confined = jail.start(cell, command, writable=[solution_dir, *job.caches], owner=owner,
                           cwd=solution_dir, env={**os.environ, "PYTHONSAFEPATH": "1"}, device=job.device,
                           readable=[jail.problem_root(solution_dir)], pass_fds=(theirs.fileno(),))
     theirs.close()  # only the runner holds that end now: its death is an end of stream here

@@ -63,7 +63,7 @@ def test_a_sandboxed_runners_processes_have_all_exited_once_it_is_joined(tmp_pat
     the lingering it prevents was seen on a GPU, a runner's 13.6 GB taking seconds to be released."""
     cell = jail.make_jail(sandboxed=True, device="cpu", hide=[])
     runner = RunnerProcess(jail.start(cell, ["bash", "-c", ESCAPER], writable=[tmp_path], cwd=tmp_path,
-                                      env=dict(os.environ), device="cpu"))
+                                      env=dict(os.environ), device="cpu", owner="test"))
     inside = _started(runner.pid, 4)  # bwrap's init, bash, and its two sleeps
     assert len(inside) >= 4
     runner.kill()

@@ -9,6 +9,7 @@ is named after what its attack tries.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -173,6 +174,15 @@ except OSError as exc:
 else:
     said = f'forked {children} children'
 """,
+        "privileges": """
+caps = [line.split()[1] for line in open('/proc/self/status') if line.startswith('CapEff')][0]
+try:
+    os.setuid(0)
+    became = 'setuid(0) worked'
+except OSError as exc:
+    became = f'setuid(0) refused: {exc.strerror}'
+said = f'uid {os.getuid()} euid {os.geteuid()} CapEff {caps}; {became}'
+""",
         "ram_bomb": """
 hoard = []
 try:
@@ -285,6 +295,58 @@ def test_a_fork_bomb_is_stopped_by_the_process_limit(world) -> None:
     said = world["said"]["attack_fork_bomb"]
     assert said.startswith("fork refused after"), said
     assert world["rows"]["attack_fork_bomb"]["status"] in ("pass", "runtime_error", "timeout")
+
+
+def test_candidate_code_holds_no_capability_and_cannot_become_root(world) -> None:
+    """A root grader's sandbox drops root (jail.sandbox_uid): root is exempt from RLIMIT_NPROC, and its
+    capabilities reach every root-owned file the sandbox shows. Any grader's: no capability at all."""
+    said = world["said"]["attack_privileges"]
+    uid = int(re.search(r"uid (\d+) euid (\d+)", said).group(1))
+    assert "CapEff 0000000000000000" in said and "setuid(0) refused" in said, said
+    if os.getuid() == 0:
+        assert uid >= jail.SANDBOX_UID_BASE, said
+        assert f"runs as uid {uid}, not root" in world["rows"]["attack_privileges"]["sandbox"]
+
+
+def test_a_fork_bomb_is_stopped_where_no_cgroup_can_be_made(tmp_path: Path, monkeypatch) -> None:
+    """As on the GPU hosts, whose grader is root in a container that makes no cgroup: only RLIMIT_NPROC is
+    left, which the kernel does not apply to root, so the tree must run as a uid of its own."""
+    monkeypatch.setattr(jail, "make_cgroup", lambda memory_bytes: None)
+    cell = jail.make_jail(sandboxed=True, device="cpu", hide=[])
+    bomb = ("import os, time\nn = 0\ntry:\n    for _ in range(5000):\n        if os.fork() == 0:\n"
+            "            time.sleep(20)\n            os._exit(0)\n        n += 1\nexcept OSError as exc:\n"
+            "    print('refused after', n, exc.strerror)\nelse:\n    print('forked', n)\n")
+    confined = jail.start(cell, ["python3", "-c", bomb], writable=[tmp_path], cwd=tmp_path, env=dict(os.environ),
+                          device="cpu", owner=f"bomb-{TOKEN}", stdout=subprocess.PIPE)
+    try:
+        said = confined.proc.communicate(timeout=120)[0].decode()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(confined.proc.pid, 9)
+    assert said.startswith("refused after"), said
+    assert int(said.split()[2]) <= jail.MAX_PROCESSES, said
+    assert "RLIMIT_NPROC" in confined.description and "unlimited" not in confined.description
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="only a root grader hands folders over (jail.hand_over)")
+def test_links_in_its_folder_do_not_hand_the_hosts_files_over(tmp_path: Path) -> None:
+    """Before a tree that drops root starts, root makes its folders the tree's uid's: a hard link or a
+    symbolic link the candidate left there (its prebuild ran first) must not make a file of ours its own."""
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "hard.txt").write_text("ours\n")
+    (host / "soft.txt").write_text("ours\n")
+    mine = tmp_path / "scratch"
+    (mine / "sub").mkdir(parents=True)
+    (mine / "sub" / "own.py").write_text("# the candidate's\n")
+    os.link(host / "hard.txt", mine / "hard-link")
+    os.symlink(host / "soft.txt", mine / "sub" / "soft-link")
+    os.symlink(host, mine / "folder-link")
+    uid = jail.sandbox_uid(TOKEN)
+    jail.hand_over(mine, uid)
+    assert {(host / n).stat().st_uid for n in ("hard.txt", "soft.txt")} == {0} and host.stat().st_uid == 0
+    assert (mine / "sub" / "own.py").stat().st_uid == uid and (mine / "sub").stat().st_uid == uid
+    assert (mine / "sub" / "soft-link").lstat().st_uid == uid  # the link itself, which is the candidate's
 
 
 def test_a_ram_bomb_is_stopped_by_the_memory_limit(world) -> None:
