@@ -14,6 +14,7 @@ import os
 import re
 import secrets
 import socket
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -326,6 +327,24 @@ def test_a_fork_bomb_is_stopped_where_no_cgroup_can_be_made(tmp_path: Path, monk
     assert said.startswith("refused after"), said
     assert int(said.split()[2]) <= jail.MAX_PROCESSES, said
     assert "RLIMIT_NPROC" in confined.description and "unlimited" not in confined.description
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="only a root grader drops root")
+def test_the_gpu_hosts_device_folder_does_not_keep_the_sandbox_root(tmp_path: Path, capfd) -> None:
+    """On the H100, `/dev/nvidia*` names /dev/nvidia-caps, a folder (0755), beside device nodes open to all
+    (0666): grader 0.5.20's first GPU calls read the folder's mode as a closed device and kept root. Only
+    device nodes count; one closed to other users keeps root, and says so."""
+    caps = tmp_path / "nvidia-caps"
+    caps.mkdir(mode=0o755)
+    cell = jail.make_jail(sandboxed=True, device="cpu", hide=[])
+    assert jail._root_drop(cell.readonly, cell.hidden, ("/dev/null", str(caps))) is not None
+    closed = tmp_path / "nvidia9"
+    try:
+        os.mknod(closed, 0o660 | stat.S_IFCHR, os.makedev(1, 3))
+    except OSError:
+        pytest.skip("mknod is not allowed here")
+    assert jail._root_drop(cell.readonly, cell.hidden, ("/dev/null", str(closed))) is None
+    assert f"keeps root's uid: {closed} not open to other users" in capfd.readouterr().err
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="only a root grader hands folders over (jail.hand_over)")
