@@ -240,7 +240,25 @@ Model.forward = _value_cached
 """,
 }
 
-EXPECTED = {"house": "pass", "illegal_access": "runtime_error", "reference": "forbidden",
+# A fork bomb at import (then the reference, which is forbidden): on a root GPU host with no cgroup, only
+# RLIMIT_NPROC of the uid the sandbox drops to stops it (jail.sandbox_uid, grader 0.5.20).
+SOURCES["fork_bomb"] = """
+import os, time
+children = 0
+try:
+    for _ in range(5000):
+        if os.fork() == 0:
+            time.sleep(20)
+            os._exit(0)
+        children += 1
+    print(f"FORKED {children} children", flush=True)
+except OSError as exc:
+    print(f"FORK REFUSED after {children} children: {exc.strerror}", flush=True)
+from reference import Model, get_inputs, get_init_inputs  # noqa: E402,F401
+"""
+
+EXPECTED = {"house": "pass", "fork_bomb": ("forbidden", "runtime_error"),
+            "illegal_access": "runtime_error", "reference": "forbidden",
             "side_stream": "integrity_violation", "z_house_after": "pass",
             "event_timer_halved": "integrity_violation",
             "side_stream_light": ("wrong", "integrity_violation", "forbidden"),
@@ -290,6 +308,16 @@ def test_status(graded, name: str) -> None:
     _, rows = graded
     expected = EXPECTED[name] if isinstance(EXPECTED[name], tuple) else (EXPECTED[name],)
     assert rows[name]["status"] in expected, rows[name]["message"]
+
+
+def test_candidate_code_runs_as_a_uid_of_its_own_and_a_fork_bomb_stops(graded) -> None:
+    """Grader 0.5.20 on a root GPU host: the house kernel passes, CUDA and all, as an unprivileged uid, and
+    a fork bomb meets RLIMIT_NPROC (the kernel does not apply it to root)."""
+    root, rows = graded
+    if os.getuid() == 0:
+        assert "runs as uid" in rows["house"]["sandbox"], rows["house"]["sandbox"]
+    log = (root / "out" / rows["fork_bomb"]["log_path"]).read_text(errors="replace")
+    assert "FORK REFUSED after" in log, log[-2000:]
 
 
 def test_a_halved_event_timer_is_caught_by_the_judges_clock(graded) -> None:
