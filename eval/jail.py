@@ -2,8 +2,9 @@
 
 The runner (and the prebuild that imports a solution early) starts as
 `bwrap … python -m kernelboard.eval.runner …` with its own mount, PID, network, IPC, UTS, user and
-cgroup namespaces (`--unshare-all`; no user namespace where root drops root, below), a new session, and `--die-with-parent` (when the judge dies,
-the namespace's init dies and the kernel kills everything left in it, `setsid` escapees included).
+cgroup namespaces (`--unshare-all`; no user namespace where root drops root, below), a new session,
+and `--die-with-parent` (when the judge dies, the namespace's init dies and the kernel kills everything
+left in it, `setsid` escapees included).
 Inside it sees:
 
 - read-only: the system (`/usr`, `/etc`, `/opt`, `/sys`), the Python installation and the grader's
