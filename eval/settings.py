@@ -325,6 +325,9 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: 0.5.20: a root grader's sandbox drops root before candidate code runs (jail.sandbox_uid: a uid of its own per
 #: solution, no capabilities), so RLIMIT_NPROC, which the kernel does not apply to root, stops a fork bomb where
 #: no cgroup can be made (the GPU hosts); the row's `sandbox` says which uid it ran as. Verdicts unchanged.
+#: 0.5.21: the drop of 0.5.20 engages on a host whose /dev/nvidia* names a folder (/dev/nvidia-caps, read as a
+#: device node closed to other users: 0.5.20's ten H100 rows kept root, as their `sandbox` says); the runner's
+#: log says whether each shape's shared inputs are page-locked (a driver may refuse an unprivileged uid).
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 #: Passes an earlier grader gave under a looser check than the current one, as (the first grader with the

@@ -241,7 +241,7 @@ Model.forward = _value_cached
 }
 
 # A fork bomb at import (then the reference, which is forbidden): on a root GPU host with no cgroup, only
-# RLIMIT_NPROC of the uid the sandbox drops to stops it (jail.sandbox_uid, grader 0.5.20).
+# RLIMIT_NPROC of the uid the sandbox drops to stops it (jail.sandbox_uid, grader 0.5.21).
 SOURCES["fork_bomb"] = """
 import os, time
 children = 0
@@ -311,7 +311,7 @@ def test_status(graded, name: str) -> None:
 
 
 def test_candidate_code_runs_as_a_uid_of_its_own_and_a_fork_bomb_stops(graded) -> None:
-    """Grader 0.5.20 on a root GPU host: the house kernel passes, CUDA and all, as an unprivileged uid, and
+    """Grader 0.5.21 on a root GPU host: the house kernel passes, CUDA and all, as an unprivileged uid, and
     a fork bomb meets RLIMIT_NPROC (the kernel does not apply it to root)."""
     root, rows = graded
     if os.getuid() == 0:
