@@ -231,9 +231,13 @@ def test_held_gradings_are_copied_whole_and_join_the_board_by_merge(tmp_path: Pa
         return subprocess.run([sys.executable, str(bench), str(held_real), gpu, problem, "--committed",
                                str(committed), "--held", str(tmp_path / "held")], capture_output=True, text=True)
 
+    counts = {name: len(read_table(table_path(held_real, gpu, name), name))
+              for name in ("runs", "results", "shapes", "baselines", "hardware")}
+    logs = len(list((held_real / gpu / "logs").iterdir()))
+    assert counts["results"] >= 38 and counts["baselines"] == 12  # what data/README says is held, at least
     done = hold(tmp_path / "none")
     assert done.returncode == 0, done.stderr
-    assert "runs 38, results 38, shapes 54, baselines 12, hardware 1; 75 logs" in done.stdout
+    assert (", ".join(f"{name} {n}" for name, n in counts.items()) + f"; {logs} logs") in done.stdout
     for name in ("results", "runs", "shapes", "baselines", "hardware"):
         assert (read_table(table_path(tmp_path / "held", gpu, name), name)
                 == read_table(table_path(held_real, gpu, name), name))
@@ -241,7 +245,7 @@ def test_held_gradings_are_copied_whole_and_join_the_board_by_merge(tmp_path: Pa
     shutil.copytree(REAL, into)
     joined = CliRunner().invoke(main, ["eval", "merge", str(tmp_path / "held"), "--into", str(into)])
     assert joined.exit_code == 0, joined.output
-    assert "h100-sxm: 06_sonic_moe_swiglu joins its hard board with 38 results" in joined.output
+    assert f"h100-sxm: 06_sonic_moe_swiglu joins its hard board with {counts['results']} results" in joined.output
     statuses = {r["run_id"]: r["status"] for r in read_table(table_path(into, gpu, "results"), "results").to_pylist()}
     held_statuses = {r["run_id"]: r["status"]
                      for r in read_table(table_path(held_real, gpu, "results"), "results").to_pylist()}
