@@ -184,6 +184,12 @@ except OSError as exc:
     became = f'setuid(0) refused: {exc.strerror}'
 said = f'uid {os.getuid()} euid {os.geteuid()} CapEff {caps}; {became}'
 """,
+        "root_only_file": """
+try:
+    said = f'read {len(open("/etc/shadow", "rb").read())} bytes of /etc/shadow'
+except OSError as exc:
+    said = f'/etc/shadow: {exc.strerror}'
+""",
         "ram_bomb": """
 hoard = []
 try:
@@ -307,6 +313,15 @@ def test_candidate_code_holds_no_capability_and_cannot_become_root(world) -> Non
     if os.getuid() == 0:
         assert uid >= jail.SANDBOX_UID_BASE, said
         assert f"runs as uid {uid}, not root" in world["rows"]["attack_privileges"]["sandbox"]
+
+
+@pytest.mark.skipif(not Path("/etc/shadow").exists() or Path("/etc/shadow").stat().st_mode & 0o004,
+                    reason="no root-only /etc/shadow here")
+def test_root_only_files_of_the_shown_system_stay_closed(world) -> None:
+    """/etc is shown read-only; its root-only files must stay unreadable. Until grader 0.5.20 a root grader's
+    sandbox ran candidate code as root in a user namespace that mapped root, with every capability there:
+    it read /etc/shadow (checked on a CPU host with the same bwrap command line)."""
+    assert world["said"]["attack_root_only_file"] == "/etc/shadow: Permission denied", world["said"]
 
 
 def test_a_fork_bomb_is_stopped_where_no_cgroup_can_be_made(tmp_path: Path, monkeypatch) -> None:
