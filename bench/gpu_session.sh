@@ -54,6 +54,11 @@ if [ -n "${TRITON_AHEAD:-}" ]; then
       && echo "Triton compiled ahead: $a ($(tar -tzf "$a" | cut -d/ -f1 | sort -u | grep -vc '\.json$') solutions) into $CACHE_ROOT"
   done
 fi
+# Whether candidate code will run as root here (grader 0.5.21 drops it where the grader is root; a line
+# "[grader] the sandbox keeps root's uid: …" says why not), before any grading depends on it.
+.venv-eval/bin/python -c "from kernelboard.eval.jail import make_jail
+j = make_jail(sandboxed=True, device='cuda', hide=[])
+import os; print('sandbox: grader uid', os.getuid(), '- candidate code', 'drops root to a uid per solution' if j.setpriv else 'keeps it')"
 echo "== setup done at $(( $(date +%s) - T0 )) s"
 
 WORK=${WORK:-/tmp/work}
