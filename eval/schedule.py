@@ -99,7 +99,8 @@ class EvalOptions:
     baselines_only: bool = False  # measure the baselines of the selected runs' problems, grade nothing
     #   (`--gpus` measures them so, once per GPU model, before spreading the runs over the GPUs)
     stop_at: float | None = None  # when the batch will be cut (epoch seconds: a GPU call's deadline): a run
-    #   held back is not started where its earlier attempts each ran longer than what is left (`too_late`)
+    #   held back is not started where its earlier attempts each ran longer than what is left (`too_late`),
+    #   nor any run where its problem's quickest pass here took longer than that (`no_time_for`)
 
     @property
     def phase_timeouts(self) -> dict[str, float]:
@@ -537,6 +538,7 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
                 progress.advance(task)
             else:
                 queue.append((sub, deck.get(sub.problem)))
+        quickest = quickest_passes(opts.out, gpu) if opts.stop_at is not None else {}
         interruptions = _interruptions(opts.out, gpu, progress.console)
         recorded = {sub.run_id: record for sub, _ in queue
                     if (record := record_of(interruptions, sub.run_id, sub.solution_sha256())) is not None}
@@ -563,7 +565,8 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
                     time.sleep(0.25)
                     continue
                 sub, problem, ahead_of, build = taken
-                late = too_late(held.get(sub.run_id), opts.stop_at)
+                late = (too_late(held.get(sub.run_id), opts.stop_at)
+                        or no_time_for(sub.problem, quickest.get(sub.problem), opts.stop_at))
                 if late is not None:
                     progress.console.print(f"  {sub.run_id}: not started: {late}")
                     if build is not None:
@@ -610,6 +613,36 @@ def too_late(record: Interruption | None, stop_at: float | None, now: float | No
         return None
     return (f"{record.summary()}, {each:.0f} s an attempt, and this batch ends in {max(left, 0):.0f} s "
             f"(--stop-at): a call that starts with it grades it")
+
+
+def quickest_passes(out: Path, gpu: str) -> dict[str, float]:
+    """problem -> the least grade time (seconds, its compile included) of a pass of it on this GPU in `out`."""
+    results, runs = table_path(out, gpu, "results"), table_path(out, gpu, "runs")
+    if not (results.exists() and runs.exists()):
+        return {}
+    problem_of = {r["run_id"]: r["problem"] for r in read_table(runs, "runs").to_pylist()}
+    quickest: dict[str, float] = {}
+    for row in read_table(results, "results").to_pylist():
+        problem, seconds = problem_of.get(row["run_id"]), row["grade_seconds"]
+        if row["status"] == "pass" and problem is not None and seconds is not None:
+            quickest[problem] = min(seconds, quickest.get(problem, seconds))
+    return quickest
+
+
+def no_time_for(problem: str, quickest_pass_s: float | None, stop_at: float | None,
+                now: float | None = None) -> str | None:
+    """Why a run is not started (None: it is), where the batch will be cut at `stop_at` before even the
+    quickest pass of its problem on this GPU would have finished: only an early failure could end in time,
+    and otherwise the GPU time would be spent for nothing (an H100 call of 2026-12-06 started LongCat-2.0 06
+    082519 with 50 s left, where 06's passes take 85 s and more, and cut it 32 s into its checks). The next
+    call grades it; the batch goes on to runs of quicker problems."""
+    if quickest_pass_s is None or stop_at is None:
+        return None
+    left = stop_at - (time.time() if now is None else now)
+    if left >= quickest_pass_s:
+        return None
+    return (f"the quickest pass of {problem} here took {quickest_pass_s:.0f} s, and this batch ends in "
+            f"{max(left, 0):.0f} s (--stop-at): a later call grades it")
 
 
 @contextlib.contextmanager

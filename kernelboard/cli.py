@@ -106,7 +106,7 @@ def _os_errors_are_one_line(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--stop-at", "stop_at", type=float, default=None, metavar="EPOCH",
               help="When this batch will be cut (seconds since the epoch: a GPU call's deadline). A run held back "
                    "after long interrupted gradings is not started where each of them ran longer than what is "
-                   "left then.")
+                   "left then, nor any run where the quickest pass of its problem on this GPU took longer.")
 @click.option("--baselines-only", is_flag=True,
               help="Measure the baselines of the selected runs' problems (those not cached yet) and grade nothing.")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",

@@ -30,7 +30,7 @@ from kernelboard.eval.interrupted import (
     write_records,
 )
 from kernelboard.eval.merge import merge_results
-from kernelboard.eval.schedule import EvalOptions, run_eval, too_late
+from kernelboard.eval.schedule import EvalOptions, no_time_for, quickest_passes, run_eval, too_late
 from kernelboard.eval.settings import HOLD_BACK_AFTER_S
 from kernelboard.eval.tables import read_table, table_path
 
@@ -166,6 +166,31 @@ def test_a_held_run_too_long_for_what_is_left_is_not_started_and_keeps_its_recor
     rows = _next_batch(cut_off, results, stop_at=time.time() + 120)  # b_honest fits; a_stalls' 400 s do not
     assert [(r["run_id"], r["status"]) for r in rows] == [("b_honest", "pass")]
     assert read_records(results, GPU) == ({"a_stalls": held}, None)  # not graded, not cut: the record stands
+
+
+def test_no_run_starts_where_even_its_problems_quickest_pass_would_be_cut(cut_off: Path, tmp_path: Path) -> None:
+    """A run with no record of its own is not started where the batch ends before the quickest pass of its
+    problem on this GPU would have: it would be cut with its GPU time spent for nothing. It stays to grade."""
+    results = tmp_path / "results"
+    shutil.copytree(cut_off / "results", results)
+    cut = read_records(results, GPU)[0]["a_stalls"]
+    write_records(results, GPU, {"a_stalls": Interruption(cut.solution_sha256, 1, 400.0, "correctness", cut.last_at)})
+    assert [r["status"] for r in _next_batch(cut_off, results, stop_at=time.time() + 120)] == ["pass"]  # b_honest
+    quickest = quickest_passes(results, GPU)
+    assert list(quickest) == [PROBLEM] and quickest[PROBLEM] > 0
+    subs = tmp_path / "submissions"
+    shutil.copytree(cut_off / "submissions", subs)
+    shutil.copytree(subs / "b_honest", subs / "c_honest")
+    options = EvalOptions(deck=DECK, submissions=subs, out=results, device="cpu", resume=True, timeout_s=15.0,
+                          build_timeout_s=10.0, rep_ms=20.0, stop_at=time.time() + quickest[PROBLEM] / 2)
+    assert run_eval(options) == []  # c_honest not started; a_stalls held back as before
+    todo = {r["run_id"] for r in read_table(table_path(results, GPU, "results"), "results").to_pylist()}
+    assert "c_honest" not in todo
+    why = no_time_for(PROBLEM, 85.0, 1050.0, now=1000.0)
+    assert why == (f"the quickest pass of {PROBLEM} here took 85 s, and this batch ends in 50 s (--stop-at): "
+                   "a later call grades it")
+    assert no_time_for(PROBLEM, 85.0, 1085.0, now=1000.0) is None and no_time_for(PROBLEM, None, 1.0, now=0.0) is None
+    assert no_time_for(PROBLEM, 85.0, None) is None
 
 
 def test_the_next_batch_grades_a_long_one_last_and_forgets_it_once_graded(cut_off: Path, tmp_path: Path) -> None:
