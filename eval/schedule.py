@@ -634,8 +634,8 @@ def no_time_for(problem: str, quickest_pass_s: float | None, stop_at: float | No
     """Why a run is not started (None: it is), where the batch will be cut at `stop_at` before even the
     quickest pass of its problem on this GPU would have finished: only an early failure could end in time,
     and otherwise the GPU time would be spent for nothing (an H100 call of 2026-12-06 started LongCat-2.0 06
-    082519 with 50 s left, where 06's passes take 85 s and more, and cut it 32 s into its checks). The next
-    call grades it; the batch goes on to runs of quicker problems."""
+    082519 with 31 s left, where 06's passes there took 85 s and more, and cut it in its first shape's
+    checks). The next call grades it; the batch goes on to runs of quicker problems."""
     if quickest_pass_s is None or stop_at is None:
         return None
     left = stop_at - (time.time() if now is None else now)
