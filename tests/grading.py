@@ -27,6 +27,21 @@ from kernelboard.eval.tables import read_table, table_path, upsert
 ROOT = Path(__file__).resolve().parents[1]
 HARD = ROOT / "eval" / "decks" / "hard"
 REEXPORT = "from reference import Model, get_inputs, get_init_inputs  # noqa: F401\n"
+#: Candidate code (after `import os, time`) that forks children that sleep until a fork is refused, and says how
+#: far it got in `said`: the red-team suites' fork bomb, on the CPU (tests/test_redteam_sandbox.py) and the GPU.
+FORK_BOMB = """
+children = 0
+try:
+    for _ in range(5000):
+        if os.fork() == 0:
+            time.sleep(20)
+            os._exit(0)
+        children += 1
+except OSError as exc:
+    said = f'fork refused after {children} children: {exc.strerror}'
+else:
+    said = f'forked {children} children'
+"""
 
 
 def write_submission(folder: Path, problem: str, source: str | None, outcome: str = "completed",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from grading import FORK_BOMB, REEXPORT
 
 from kernelboard.eval.schedule import EvalOptions, run_eval
 from kernelboard.eval.tables import load_all
@@ -242,20 +243,7 @@ Model.forward = _value_cached
 
 # A fork bomb at import (then the reference, which is forbidden): on a root GPU host with no cgroup, only
 # RLIMIT_NPROC of the uid the sandbox drops to stops it (jail.sandbox_uid, grader 0.5.21).
-SOURCES["fork_bomb"] = """
-import os, time
-children = 0
-try:
-    for _ in range(5000):
-        if os.fork() == 0:
-            time.sleep(20)
-            os._exit(0)
-        children += 1
-    print(f"FORKED {children} children", flush=True)
-except OSError as exc:
-    print(f"FORK REFUSED after {children} children: {exc.strerror}", flush=True)
-from reference import Model, get_inputs, get_init_inputs  # noqa: E402,F401
-"""
+SOURCES["fork_bomb"] = f"import os, time\n{FORK_BOMB}\nprint('ATTACK fork_bomb:', said, flush=True)\n{REEXPORT}"
 
 EXPECTED = {"house": "pass", "fork_bomb": ("forbidden", "runtime_error"),
             "illegal_access": "runtime_error", "reference": "forbidden",
@@ -317,7 +305,7 @@ def test_candidate_code_runs_as_a_uid_of_its_own_and_a_fork_bomb_stops(graded) -
     if os.getuid() == 0:
         assert "runs as uid" in rows["house"]["sandbox"], rows["house"]["sandbox"]
     log = (root / "out" / rows["fork_bomb"]["log_path"]).read_text(errors="replace")
-    assert "FORK REFUSED after" in log, log[-2000:]
+    assert "ATTACK fork_bomb: fork refused after" in log, log[-2000:]
 
 
 def test_a_halved_event_timer_is_caught_by_the_judges_clock(graded) -> None:
