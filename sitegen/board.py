@@ -396,6 +396,11 @@ def tab_order(boards: Iterable[Board]) -> list[Board]:
     return sorted(boards, key=lambda b: (b.is_cpu, b.is_imported))
 
 
+def measured_gpus(results: Iterable[Result]) -> set[str]:
+    """The GPU keys of the boards kernelboard graded itself (a result on them is not imported)."""
+    return {r.gpu for r in results if not r.is_imported}
+
+
 def tab_gpu_order(gpus: Iterable[str], measured: set[str]) -> list[str]:
     """GPU keys as `tab_order` runs their boards: those in `measured` (a board kernelboard graded) first,
     then the imported boards' GPUs, then CPU test timings, `gpu_order` within each."""

@@ -30,7 +30,15 @@ from kernelboard.eval.deck import DEFAULT_TOLERANCE, Problem
 from kernelboard.eval.hardware import GPUS, PRECISIONS
 
 from .agreement import agreement
-from .board import ORDERING_RULE, STATUS_HELP, STATUS_LABELS, STATUS_TONES, gpu_label, tab_gpu_order
+from .board import (
+    ORDERING_RULE,
+    STATUS_HELP,
+    STATUS_LABELS,
+    STATUS_TONES,
+    gpu_label,
+    measured_gpus,
+    tab_gpu_order,
+)
 from .exports import Exports
 from .load import CPU_KEY, SiteData
 from .views import _markdown
@@ -116,19 +124,16 @@ def provenance(data: SiteData) -> tuple[Provenance, ...]:
     the imported ones, then CPU timings), with the distinct versions seen."""
     by_gpu: dict[str, dict[str, set[str]]] = {}
     names: dict[str, set[str]] = {}
-    ours: set[str] = set()
     for r in data.results:
         seen = by_gpu.setdefault(r.gpu, {"grader": set(), "driver": set(), "cuda": set(), "torch": set()})
         names.setdefault(r.gpu, set()).add(r.device_name)
-        if not r.is_imported:
-            ours.add(r.gpu)
         grader = r.measured_by if r.is_imported else r.grader_version  # 'KernelBench-Hard (imported)', not 'kbh'
         for key, value in (("grader", grader), ("driver", r.driver_version),
                            ("cuda", r.cuda_version), ("torch", r.torch_version)):
             if value:
                 seen[key].add(value)
     entries = []
-    for gpu in tab_gpu_order(by_gpu, ours):
+    for gpu in tab_gpu_order(by_gpu, measured_gpus(data.results)):
         label = gpu_label(data, gpu) if gpu in data.hardware else ", ".join(sorted(names[gpu]))  # CPU: its own
         devices = tuple(sorted(names[gpu])) if names[gpu] != {label} else ()
         entries.append(Provenance(label, tuple(sorted(by_gpu[gpu]["grader"], key=settings.version_order)),
@@ -340,8 +345,7 @@ def downloads(data: SiteData, exports: Exports) -> dict[str, Any]:
         label = gpu_label(data, gpu) if gpu == CPU_KEY or gpu in data.hardware else gpu
         tables.append(DownloadTable(gpu, label,
                                     table, meta.num_rows, meta.num_columns, tuple(files)))
-    measured = {r.gpu for r in data.results if not r.is_imported}
-    order = {g: i for i, g in enumerate(tab_gpu_order({t.gpu for t in tables}, measured))}
+    order = {g: i for i, g in enumerate(tab_gpu_order({t.gpu for t in tables}, measured_gpus(data.results)))}
     tables.sort(key=lambda t: (order[t.gpu], t.table))
     logs = sorted(k for k in data.table_files if not k.endswith(".parquet"))
     return {
