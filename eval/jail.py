@@ -125,9 +125,9 @@ def _root_drop(readonly: tuple[str, ...], hidden: tuple[str, ...], devices: tupl
     """The setpriv that lets a root grader's sandbox drop to `sandbox_uid`, or None where it cannot (not root,
     no setpriv, a device node closed to other users, or a trial run of Python as that uid in that sandbox
     failing): the tree then keeps our uid, as its row's `sandbox` says."""
-    setpriv = shutil.which("setpriv")
     if os.getuid() != 0:
         return None
+    setpriv = shutil.which("setpriv")
     closed = [dev for dev in devices if _is_char_device(dev) and os.stat(dev).st_mode & 0o006 != 0o006]
     why = ("no setpriv (util-linux) on PATH" if setpriv is None else
            f"{', '.join(closed)} not open to other users" if closed else "")
