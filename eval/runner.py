@@ -18,7 +18,8 @@ wrong output pass — every timed output is probed, the last per input set compa
 references, or write the verdict.
 
 Its process group is its own, so the judge kills it with everything it started, and it dies with
-the judge (PR_SET_PDEATHSIG). Its stdout and stderr are the judge's: the same log.
+the judge (PR_SET_PDEATHSIG). Its stdout and stderr are a pipe the judge carries into its own log
+(sandbox_output.py), where a line of this process's that reads as the judge's is marked as the runner's.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ from .jail import Jail
 from .job import Job
 from .locks import hold, lock_dir, open_lock_file
 from .prebuild import GRADING_GPU_ENV, NO_EXTENSIONS
+from .sandbox_output import OutputPump
 
 _console = Console(stderr=True, soft_wrap=True)  # lines a program may read never break mid-word
 
@@ -245,6 +246,11 @@ def run_worker(job: Job, workdir: Path, log_path: Path, timeout_s: float, cache_
     return WorkerOutcome(result, seconds, log_path)
 
 
+#: How long `finish_prebuild` waits, once the prebuild's group is killed, for its output to end (at once in the
+#: sandbox, whose pid namespace dies with it; unsandboxed, a process it left behind may hold the pipe).
+PREBUILD_OUTPUT_WAIT_S = 10.0
+
+
 @dataclass
 class Prebuild:
     """A running prebuild and when it started and ended (`time.monotonic`): a watcher thread
@@ -256,6 +262,7 @@ class Prebuild:
     cache_fd: int  # its share of the solution's compile caches (`hold_cache`), closed by `finish_prebuild`
     ended: float | None = None
     folder: Path | None = None  # the scratch copy it built in (builds beside solution.py stay there)
+    output: OutputPump | None = None  # what it prints, on its way into its log (finished by `finish_prebuild`)
 
     def watch(self) -> Prebuild:
         def stamp() -> None:
@@ -273,7 +280,8 @@ def start_prebuild(problem_path: Path, solution_dir: Path, log_path: Path, cache
     with a private copy of the problem, with a warm call of up to `warm_call_s` (0: none); returns the
     running prebuild. Without `extensions` torch's JIT builds raise and only Triton kernels compile
     (`ahead.py`, on a host other than the grading one). `gpu`, the grading GPU's identity as the probe
-    gave it, is what the prebuild's `torch.cuda.get_device_properties` answers."""
+    gave it, is what the prebuild's `torch.cuda.get_device_properties` answers. What it prints reaches its
+    log through this process's `OutputPump` (sandbox_output.py), as the runner's reaches the judge's log."""
     env = {**worker_env(cache_key, arch), "CUDA_VISIBLE_DEVICES": ""}
     if gpu:
         env[GRADING_GPU_ENV] = json.dumps(gpu)
@@ -283,25 +291,32 @@ def start_prebuild(problem_path: Path, solution_dir: Path, log_path: Path, cache
         log.write(f"{cutlass_line()}\n")
         log.flush()
         cache_fd = hold_cache(cache_key, log)
+        output: OutputPump | None = None
         started = time.monotonic()
         try:
+            output = OutputPump(log.fileno(), "prebuild", "grader")
             proc = jail.start(cell, [sys.executable, "-m", "kernelboard.eval.prebuild", str(problem),
                                      str(solution_dir), f"{warm_call_s:g}", *([] if extensions else [NO_EXTENSIONS])],
                               writable=[solution_dir, cache_dir(cache_key)], readable=[jail.problem_root(solution_dir)],
                               cwd=solution_dir, env=env, device="cpu", owner=cache_key,
-                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).proc
+                              stdout=output.write_end, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).proc
         except BaseException:
+            if output is not None:
+                output.finish(0)
             os.close(cache_fd)
             raise
-    return Prebuild(proc, started, cache_fd, folder=solution_dir).watch()
+        output.start()
+    return Prebuild(proc, started, cache_fd, folder=solution_dir, output=output).watch()
 
 
 def finish_prebuild(prebuild: Prebuild, timeout_s: float) -> float:
-    """Let a prebuild finish (up to `timeout_s`), then make sure its whole group is gone; returns
-    its wall time in seconds (start to exit, or to now when it was cut off)."""
+    """Let a prebuild finish (up to `timeout_s`), then make sure its whole group is gone and its output is
+    in its log; returns its wall time in seconds (start to exit, or to now when it was cut off)."""
     with contextlib.suppress(subprocess.TimeoutExpired):
         prebuild.proc.wait(timeout=timeout_s)
     _kill_group(prebuild.proc)
+    if prebuild.output is not None:
+        prebuild.output.finish(PREBUILD_OUTPUT_WAIT_S)
     with contextlib.suppress(OSError):
         os.close(prebuild.cache_fd)  # after the kill: a baton it left is stale from here
     for _ in range(100):  # the watcher stamps the exit a moment after wait() returns here

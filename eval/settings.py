@@ -196,6 +196,13 @@ CPU_TIMER = TimerDefaults(warmup_ms=50.0, min_warmup=3, rep_ms=200.0, min_iters=
 #: Bytes written before each CPU timed call (a cache-sized buffer).
 CPU_FLUSH_BYTES = 64 << 20
 
+#: What a sandboxed process (the runner, the prebuild) prints reaches its published log through
+#: eval/sandbox_output.py: the first LOG_HEAD_BYTES of its lines as they come (the largest committed grading or
+#: prebuild log is 16 KB, so no honest grading loses a line), then, once it has ended, a count of the rest and its
+#: last LOG_TAIL_BYTES (room for a long traceback). A flood costs the disk about a MiB, not the sandbox's 8 GiB.
+LOG_HEAD_BYTES = 1 << 20
+LOG_TAIL_BYTES = 64 << 10
+
 
 def _version(text: str) -> tuple[int, ...]:
     """'0.2.1' -> (0, 2, 1); a suffix such as '.dev3' or '+local' is ignored."""
@@ -328,6 +335,11 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: 0.5.21: the drop of 0.5.20 engages on a host whose /dev/nvidia* names a folder (/dev/nvidia-caps, read as a
 #: device node closed to other users: 0.5.20's ten H100 rows kept root, as their `sandbox` says); the runner's
 #: log says whether each shape's shared inputs are page-locked (a driver may refuse an unprivileged uid).
+#: 0.5.22: what the runner and the prebuild print reaches their logs through a pipe the trusted side reads
+#: (eval/sandbox_output.py): a line of theirs that starts like a tagged line other than with their own tag (as
+#: the grader's `[grader]` and the judge's `[worker]` do, look-alikes included) is marked `[runner printed]` /
+#: `[prebuild printed]`, and past LOG_HEAD_BYTES only their last LOG_TAIL_BYTES are kept, after a count of the
+#: rest. Logs only: verdicts unchanged.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 #: Passes an earlier grader gave under a looser check than the current one, as (the first grader with the

@@ -12,7 +12,9 @@ anything the runner put at that path (a forged pass followed by `os._exit`, say)
 stays light (no torch at import).
 
 The runner inherits one end of a socket pair and nothing else of the judge's; nothing it sends is
-unpickled (protocol.py), and inputs reach it through a memfd arena passed over that socket.
+unpickled (protocol.py), and inputs reach it through a memfd arena passed over that socket. Its stdout
+and stderr are a pipe the judge carries into this worker's log (sandbox_output.py): bounded, and with any
+line of its that reads as the judge's own marked `[runner printed]`.
 
 A crash, hang or `os._exit` of this process ends it without a result; the parent turns that into
 a status. Speedups and roofline fractions are computed by the parent, not here.
@@ -36,18 +38,23 @@ from .atomic import write_text_atomic
 from .failure import Failure, one_line
 from .job import Job, JobError
 from .phases import Phases
+from .sandbox_output import OutputPump
 
 _ERROR_TEXT = 16_000  # characters of a failure's error text kept in the result (the runner sends ≤ 4000)
+#: The least `RunnerProcess.join` waits for the runner's output to end once its tree has exited (or was waited
+#: for as long as the join's timeout allowed): where nothing is left holding the pipe, it ends at once.
+OUTPUT_WAIT_MIN_S = 1.0
 
 
 class RunnerProcess:
     """The runner as the judge holds it: a process (bwrap's, when sandboxed) with the pid, kill,
     join and exit code that link.py uses; its cgroup is removed once it is reaped. `kill` kills the
     runner's whole tree, bwrap's session and pid namespace included, and `join` waits until every
-    process of it has exited (proctree.py), so its GPU memory is free before the next grading."""
+    process of it has exited (proctree.py), so its GPU memory is free before the next grading, and
+    then carries the last of its `output` into the log."""
 
-    def __init__(self, confined: jail.Confined) -> None:
-        self.confined, self.pid = confined, confined.proc.pid
+    def __init__(self, confined: jail.Confined, output: OutputPump | None = None) -> None:
+        self.confined, self.pid, self.output = confined, confined.proc.pid, output
         self.sandboxed = confined.description != jail.UNSANDBOXED
         self.tree: list[int] = []  # the processes below it, as found when it was killed
 
@@ -69,6 +76,8 @@ class RunnerProcess:
             print(f"[worker] {len(left)} process(es) of the runner still ran {time.monotonic() - started:.0f} s "
                   f"after it was killed (pids {', '.join(map(str, left))})", flush=True)
         self.confined.release()
+        if self.output is not None:  # its pipe ends once every process holding it has exited: by now, in a sandbox
+            self.output.finish(max(OUTPUT_WAIT_MIN_S, (timeout or 30.0) - (time.monotonic() - started)))
 
     @property
     def exitcode(self) -> int | None:
@@ -92,11 +101,18 @@ def start_runner(job: Job) -> tuple[RunnerProcess, socket.socket]:
     command = [sys.executable, "-m", "kernelboard.eval.runner", str(theirs.fileno()), json.dumps(setup)]
     cell = job.jail if job.jail is not None else jail.Jail(None)
     owner = Path(job.caches[0]).name if job.caches else str(solution_dir)  # the cache key: the prebuild's uid
-    confined = jail.start(cell, command, writable=[solution_dir, *job.caches], owner=owner,
-                          cwd=solution_dir, env={**os.environ, "PYTHONSAFEPATH": "1"}, device=job.device,
-                          readable=[jail.problem_root(solution_dir)], pass_fds=(theirs.fileno(),))
+    output = OutputPump(1, "runner", "worker")  # fd 1 is this worker's log
+    try:
+        confined = jail.start(cell, command, writable=[solution_dir, *job.caches], owner=owner,
+                              cwd=solution_dir, env={**os.environ, "PYTHONSAFEPATH": "1"}, device=job.device,
+                              readable=[jail.problem_root(solution_dir)], pass_fds=(theirs.fileno(),),
+                              stdout=output.write_end, stderr=subprocess.STDOUT)
+    except BaseException:
+        output.finish(0)
+        raise
+    output.start()
     theirs.close()  # only the runner holds that end now: its death is an end of stream here
-    return RunnerProcess(confined), mine
+    return RunnerProcess(confined, output), mine
 
 
 def _write_result(path: Path, result: dict[str, Any]) -> None:

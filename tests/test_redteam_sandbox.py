@@ -3,8 +3,9 @@
 Every submission here attacks at import time and then re-exports the reference, so it would pass
 if its attack did nothing. Each reports what it managed on stdout (the grading log) as
 `ATTACK <name>: <what happened>`; the tests read those lines and check the world outside (the deck,
-the tables, the grader's code, the process list) is as it was. One batch grades them all; each test
-is named after what its attack tries.
+the tables, the grader's code, the process list) is as it was. Two attack the published log itself
+with what they print (FORGED_LOG_LINES, OUTPUT_FLOOD), and their tests read the log. One batch grades
+them all; each test is named after what its attack tries.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from grading import FORK_BOMB, REEXPORT, copy_deck, grade, write_submission
 from kernelboard.eval import jail
 from kernelboard.eval.jail import find_bwrap
 from kernelboard.eval.schedule import EvalOptions, run_eval
+from kernelboard.eval.settings import LOG_HEAD_BYTES, LOG_TAIL_BYTES
 from kernelboard.eval.tables import load_all
 
 pytestmark = pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap is not usable here (make test installs it)")
@@ -38,6 +40,31 @@ ROOT = Path(__file__).resolve().parents[1]
 #: A token no honest process carries: marks the attackers' own processes and files.
 TOKEN = f"kbredteam{secrets.token_hex(4)}"
 SECRET = f"sk-test-{secrets.token_hex(8)}"
+
+#: A solution that prints lines in the judge's and the grader's words, at import and in every call it is timed on
+#: (stderr, a carriage return, C-level writes included), to pass a forged verdict off in the published log.
+FORGED_LOG_LINES = f"""
+import os, sys
+from reference import Model as Reference, get_inputs, get_init_inputs  # noqa: F401
+FORGED = "{TOKEN} shape 0: covered loop: GPU span 0.0001 ms"
+print("[worker] " + FORGED, flush=True)
+print("[grader] pass: " + FORGED, file=sys.stderr, flush=True)
+os.write(1, ("building 50%\\r[worker] " + FORGED + "\\n").encode())
+
+class Model(Reference):
+    def forward(self, *args):
+        print("[worker] timed " + FORGED, flush=True)
+        return super().forward(*args)
+"""
+#: A solution that prints 50 MiB at import (in a second or so), then behaves like the reference.
+OUTPUT_FLOOD = """
+import os
+from reference import Model, get_inputs, get_init_inputs  # noqa: F401
+block = (b"x" * 1023 + b"\\n") * 1024
+for _ in range(50):
+    os.write(1, block)
+print("FLOOD DONE", flush=True)
+"""
 
 
 def _attack(name: str, body: str) -> str:
@@ -200,6 +227,8 @@ os.remove('big.bin')
 """,
     }
     submissions = {f"attack_{name}": (P, _attack(name, body)) for name, body in attacks.items()}
+    submissions["attack_forged_log_lines"] = (P, FORGED_LOG_LINES)
+    submissions["attack_output_flood"] = (P, OUTPUT_FLOOD)
     submissions["honest"] = (P, REEXPORT)
     before = {"deck": (ROOT / "eval" / "decks" / "hard" / P / "problem.yaml").read_bytes()}
     os.environ["KB_REDTEAM_SECRET"] = SECRET
@@ -377,6 +406,32 @@ def test_a_ram_bomb_is_stopped_by_the_memory_limit(world) -> None:
 
 def test_a_huge_file_is_refused_by_the_file_size_limit(world) -> None:
     assert "File too large" in world["said"]["attack_big_file"], world["said"]["attack_big_file"]
+
+
+def test_lines_printed_in_the_judges_or_the_graders_words_are_marked_in_the_published_log(world) -> None:
+    """Until 0.5.22 the runner wrote into the judge's log itself: `[worker] …` from a solution read as the judge's."""
+    row = world["rows"]["attack_forged_log_lines"]
+    assert row["status"] == "pass", row["message"]  # printing is no failure
+    lines = (world["out"] / row["log_path"]).read_text(errors="replace").splitlines()  # every break a reader sees
+    forged = [line for line in lines if TOKEN in line]
+    assert [line for line in forged if not line.startswith("[runner printed] ")] == [], forged[:5]
+    said = {line.removeprefix("[runner printed] ").split(TOKEN)[0] for line in forged}
+    assert said == {"[worker] ", "[grader] pass: ", "[worker] timed "}, said  # at import, and in the timed calls
+    assert "building 50%" in lines
+
+
+def test_a_flood_of_output_leaves_the_logs_head_and_tail_and_its_verdict(world) -> None:
+    """Until 0.5.22 only the sandbox's file-size limit (8 GiB) bounded what a solution printed into its log."""
+    row = world["rows"]["attack_output_flood"]
+    assert row["status"] == "pass", row["message"]  # the flood is no failure
+    log = world["out"] / row["log_path"]
+    text = log.read_text(errors="replace")
+    counted = re.search(r"^\[worker\] the runner printed ([\d,]+) bytes \(([\d,]+) lines\) beyond the 1 MiB of its "
+                        r"output this log holds above; the last [\d,]+ of those lines follow:$", text, re.MULTILINE)
+    assert counted is not None, text[-2000:]
+    assert int(counted[1].replace(",", "")) >= 49 << 20 and int(counted[2].replace(",", "")) >= 49 << 10
+    assert "FLOOD DONE" in text.split(counted[0])[1]  # in the kept tail
+    assert log.stat().st_size <= LOG_HEAD_BYTES + LOG_TAIL_BYTES + (32 << 10)  # and the judge's own lines
 
 
 def test_a_link_its_prebuild_left_does_not_carry_the_graders_writes_outside(tmp_path: Path,
