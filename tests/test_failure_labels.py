@@ -138,6 +138,10 @@ def test_a_missing_vendored_header_and_one_that_is_there(tmp_path: Path) -> None
 
 
 PUBLISHED = Path(__file__).resolve().parents[1] / "data" / "submissions" / "hard"
+#: LongCat-2.0 06 082519's row on the H100 under grader 0.5.17 (2026-12-06), its message's start: the judge ran out of
+#: memory beside a runner of 38.5 GB (fixed in 0.5.18).
+LONGCAT_JUDGE_OOM = ("grader error in phase correctness: OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                     "1024.00 MiB. GPU 0 has a total capacity of 79.18 GiB of which 40.56 MiB is free.")
 STOCK = Cutlass(Path("/opt/cutlass"), (Path("/opt/cutlass/include"),), "4.2.0", "test")
 
 VENDORING = '''
@@ -404,23 +408,35 @@ def test_resume_grades_again_a_failure_the_stand_in_rule_now_relabels(tmp_path: 
     assert "20260703_200159_claude_claude-fable-5_07_w4a16_gemm" in graded
 
 
-def test_resume_grades_again_a_run_the_grader_failed_to_grade(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The held 06 gradings on the H100 (data/held): LongCat-2.0 082519's `not_graded` is the judge's own
-    out-of-memory error (2026-12-06) and goes back to the GPU; claude-fable-5 155728's (no solution.py) is
-    the submission's and stands, as every verdict does."""
+def test_resume_grades_again_a_run_the_grader_failed_to_grade(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """06 on the H100 (data/results): LongCat-2.0 082519 was `not_graded` under grader 0.5.17 by the judge's own
+    out-of-memory error (its row as recorded then, put back in a copy of the board) and goes back to the GPU, as
+    it did on 2026-12-06 (a pass under 0.5.22); claude-fable-5 155728's (no solution.py) is the submission's and
+    stands, as every verdict does."""
+    import shutil
+
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from kernelboard.eval import schedule
 
-    held = PUBLISHED.parents[1] / "held"
-    opts = schedule.EvalOptions(deck=Path("eval/decks/hard"), submissions=PUBLISHED, out=held)
+    board = tmp_path / "results"
+    shutil.copytree(PUBLISHED.parents[1] / "results" / "h100-sxm", board / "h100-sxm")
+    failed = "20260707_082519_longcat-claude_LongCat-2.0_06_sonic_moe_swiglu"
+    table = pq.read_table(board / "h100-sxm" / "results.parquet")
+    rows = table.to_pylist()
+    for row in rows:
+        if row["run_id"] == failed:
+            row.update(status="not_graded", grader_version="0.5.17", message=LONGCAT_JUDGE_OOM,
+                       **dict.fromkeys(("speedup_vs_compile", "speedup_vs_eager", "speedup_vs_baseline",
+                                        "peak_fraction", "peak_fraction_measured")))
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), board / "h100-sxm" / "results.parquet")
+    opts = schedule.EvalOptions(deck=Path("eval/decks/hard"), submissions=PUBLISHED, out=board)
     monkeypatch.setattr(schedule, "find_cutlass", lambda: None)
     graded = schedule._graded_solutions(opts, "h100-sxm")
-    rows = {r["run_id"]: r for r in pq.read_table(held / "h100-sxm" / "results.parquet").to_pylist()}
-    failed = "20260707_082519_longcat-claude_LongCat-2.0_06_sonic_moe_swiglu"
-    assert rows[failed]["status"] == "not_graded" and "OutOfMemoryError" in rows[failed]["message"]
-    assert set(rows) - set(graded) == {failed}
+    by_run = {r["run_id"]: r for r in rows}
+    assert {run for run in by_run if run.endswith("_06_sonic_moe_swiglu")} - set(graded) == {failed}
     no_solution = "20260702_155728_claude_claude-fable-5_06_sonic_moe_swiglu"
-    assert rows[no_solution]["status"] == "not_graded" and no_solution in graded
+    assert by_run[no_solution]["status"] == "not_graded" and no_solution in graded
     assert schedule.gives_verdict("not_graded", "06_sonic_moe_swiglu has no shapes for --device cpu")
     assert not schedule.gives_verdict("not_graded", "could not start the runner's sandbox: OSError: bwrap")

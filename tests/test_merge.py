@@ -216,40 +216,50 @@ def test_a_merge_that_brings_a_problem_onto_a_board_says_so(folders: tuple[Path,
 
 
 def test_held_gradings_are_copied_whole_and_join_the_board_by_merge(tmp_path: Path) -> None:
-    """bench/hold.py on the committed held 06 gradings (data/held): the problem's rows a results folder lacks,
-    with their logs, land in a held folder that validates; merged into a copy of data/results they bring 06
-    onto the H100 SXM board with every verdict as graded, and holding from a folder that already has them all
-    is refused in one line."""
+    """bench/hold.py on the committed 06 gradings of the H100 SXM (held in data/held over five sessions, merged on
+    2026-12-06): the problem's rows a results folder lacks, with their logs, land in a held folder that validates;
+    merged into an empty results folder they bring 06 onto its H100 SXM board with every verdict as graded, and
+    holding from a folder that already has them all is refused in one line."""
     import subprocess
     import sys
 
-    held_real = REAL.parent / "held"
     bench = REAL.parents[1] / "bench" / "hold.py"
     gpu, problem = "h100-sxm", "06_sonic_moe_swiglu"
 
     def hold(committed: Path) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, str(bench), str(held_real), gpu, problem, "--committed",
+        return subprocess.run([sys.executable, str(bench), str(REAL), gpu, problem, "--committed",
                                str(committed), "--held", str(tmp_path / "held")], capture_output=True, text=True)
 
-    counts = {name: len(read_table(table_path(held_real, gpu, name), name))
-              for name in ("runs", "results", "shapes", "baselines", "hardware")}
-    logs = len(list((held_real / gpu / "logs").iterdir()))
-    assert counts["results"] >= 38 and counts["baselines"] == 12  # what data/README says is held, at least
+    def rows(folder: Path, name: str) -> list[dict]:
+        return read_table(table_path(folder, gpu, name), name).to_pylist()
+
+    runs = {r["run_id"] for r in rows(REAL, "runs") if r["problem"] == problem}
+    expected = {"runs": [r for r in rows(REAL, "runs") if r["run_id"] in runs],
+                "results": [r for r in rows(REAL, "results") if r["run_id"] in runs],
+                "shapes": [r for r in rows(REAL, "shapes") if r["run_id"] in runs],
+                "baselines": [r for r in rows(REAL, "baselines") if r["problem"] == problem],
+                "hardware": rows(REAL, "hardware")}
+    logs = [log for log in (REAL / gpu / "logs").iterdir()
+            if log.name.removesuffix(".log").removesuffix(".prebuild") in runs
+            or log.name == f"baselines-hard-{problem}.log"]
+    assert len(expected["results"]) == 49 and len(expected["baselines"]) == 12  # what data/README says
     done = hold(tmp_path / "none")
     assert done.returncode == 0, done.stderr
-    assert (", ".join(f"{name} {n}" for name, n in counts.items()) + f"; {logs} logs") in done.stdout
-    for name in ("results", "runs", "shapes", "baselines", "hardware"):
-        assert (read_table(table_path(tmp_path / "held", gpu, name), name)
-                == read_table(table_path(held_real, gpu, name), name))
+    counts = ", ".join(f"{name} {len(found)}" for name, found in expected.items())
+    assert f"{counts}; {len(logs)} logs" in done.stdout
+    key = {"runs": "run_id", "results": "run_id", "shapes": ("run_id", "shape_idx"),
+           "baselines": ("problem", "variant", "shape_idx"), "hardware": "gpu"}
+    for name, found in expected.items():
+        def order(r: dict, k=key[name]) -> tuple:
+            return tuple(str(r.get(f)) for f in ((k,) if isinstance(k, str) else k))
+        assert sorted(rows(tmp_path / "held", name), key=order) == sorted(found, key=order), name
     into = tmp_path / "results"
-    shutil.copytree(REAL, into)
+    into.mkdir()
     joined = CliRunner().invoke(main, ["eval", "merge", str(tmp_path / "held"), "--into", str(into)])
     assert joined.exit_code == 0, joined.output
-    assert f"h100-sxm: 06_sonic_moe_swiglu joins its hard board with {counts['results']} results" in joined.output
-    statuses = {r["run_id"]: r["status"] for r in read_table(table_path(into, gpu, "results"), "results").to_pylist()}
-    held_statuses = {r["run_id"]: r["status"]
-                     for r in read_table(table_path(held_real, gpu, "results"), "results").to_pylist()}
-    assert all(statuses[run] == status for run, status in held_statuses.items())
-    refused = hold(held_real)
+    assert f"h100-sxm: 06_sonic_moe_swiglu joins its hard board with {len(runs)} results" in joined.output
+    statuses = {r["run_id"]: r["status"] for r in rows(into, "results")}
+    assert statuses == {r["run_id"]: r["status"] for r in expected["results"]}
+    refused = hold(REAL)
     assert refused.returncode == 1 and refused.stderr.strip().splitlines()[-1].startswith("Error: ")
     assert "no result of 06_sonic_moe_swiglu that" in refused.stderr
