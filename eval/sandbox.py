@@ -291,21 +291,18 @@ def start_prebuild(problem_path: Path, solution_dir: Path, log_path: Path, cache
         log.write(f"{cutlass_line()}\n")
         log.flush()
         cache_fd = hold_cache(cache_key, log)
-        output: OutputPump | None = None
         started = time.monotonic()
         try:
             output = OutputPump(log.fileno(), "prebuild", "grader")
-            proc = jail.start(cell, [sys.executable, "-m", "kernelboard.eval.prebuild", str(problem),
-                                     str(solution_dir), f"{warm_call_s:g}", *([] if extensions else [NO_EXTENSIONS])],
-                              writable=[solution_dir, cache_dir(cache_key)], readable=[jail.problem_root(solution_dir)],
-                              cwd=solution_dir, env=env, device="cpu", owner=cache_key,
-                              stdout=output.write_end, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).proc
+            proc = output.launch(jail.start, cell, [sys.executable, "-m", "kernelboard.eval.prebuild", str(problem),
+                                                    str(solution_dir), f"{warm_call_s:g}",
+                                                    *([] if extensions else [NO_EXTENSIONS])],
+                                 writable=[solution_dir, cache_dir(cache_key)],
+                                 readable=[jail.problem_root(solution_dir)], cwd=solution_dir, env=env, device="cpu",
+                                 owner=cache_key, stdin=subprocess.DEVNULL).proc
         except BaseException:
-            if output is not None:
-                output.finish(0)
             os.close(cache_fd)
             raise
-        output.start()
     return Prebuild(proc, started, cache_fd, folder=solution_dir, output=output).watch()
 
 

@@ -37,9 +37,11 @@ import contextlib
 import os
 import re
 import select
+import subprocess
 import threading
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from .failure import one_line
 from .settings import LOG_HEAD_BYTES, LOG_TAIL_BYTES
@@ -49,6 +51,8 @@ from .settings import LOG_HEAD_BYTES, LOG_TAIL_BYTES
 #: A pump writes its own lines under one of them; a sandboxed process's line that starts like any of them,
 #: or like any other tag but its own, is marked (`reads_as_tagged`).
 TRUSTED_TAGS = ("grader", "worker", "baseline")
+
+T = TypeVar("T")
 
 #: Bytes read from the pipe at a time.
 READ_BYTES = 64 << 10
@@ -197,6 +201,17 @@ class OutputPump:
         self._held_open_s = 0.0  # set by `finish` before it stops a thread that never saw the pipe end
         self._thread: threading.Thread | None = None
         self._finished = False
+
+    def launch(self, start: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`start(*args, **kwargs)` with the pipe as the process's stdout and stderr (`jail.start`, say), then
+        `start` this side; where it raises, the pump is finished and nothing stays open."""
+        try:
+            launched = start(*args, stdout=self.write_end, stderr=subprocess.STDOUT, **kwargs)
+        except BaseException:
+            self.finish(0)
+            raise
+        self.start()
+        return launched
 
     def start(self) -> None:
         """Read the pipe from now on; the process holds its write end, so this side's copy is closed."""

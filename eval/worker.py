@@ -102,15 +102,9 @@ def start_runner(job: Job) -> tuple[RunnerProcess, socket.socket]:
     cell = job.jail if job.jail is not None else jail.Jail(None)
     owner = Path(job.caches[0]).name if job.caches else str(solution_dir)  # the cache key: the prebuild's uid
     output = OutputPump(1, "runner", "worker")  # fd 1 is this worker's log
-    try:
-        confined = jail.start(cell, command, writable=[solution_dir, *job.caches], owner=owner,
-                              cwd=solution_dir, env={**os.environ, "PYTHONSAFEPATH": "1"}, device=job.device,
-                              readable=[jail.problem_root(solution_dir)], pass_fds=(theirs.fileno(),),
-                              stdout=output.write_end, stderr=subprocess.STDOUT)
-    except BaseException:
-        output.finish(0)
-        raise
-    output.start()
+    confined = output.launch(jail.start, cell, command, writable=[solution_dir, *job.caches], owner=owner,
+                             cwd=solution_dir, env={**os.environ, "PYTHONSAFEPATH": "1"}, device=job.device,
+                             readable=[jail.problem_root(solution_dir)], pass_fds=(theirs.fileno(),))
     theirs.close()  # only the runner holds that end now: its death is an end of stream here
     return RunnerProcess(confined, output), mine
 

@@ -27,9 +27,8 @@ def _pumped(log: Path, command: list[str], **caps: int) -> OutputPump:
     """Run `command` with its output pumped into `log` (appended to), wait for it, and finish the pump."""
     with log.open("ab") as fh:
         pump = OutputPump(fh.fileno(), "runner", "worker", **caps)
-    proc = subprocess.Popen(command, stdout=pump.write_end, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONIOENCODING": "utf-8", "PYTHONUNBUFFERED": "1"})  # in order
-    pump.start()
+    proc = pump.launch(subprocess.Popen, command, stdin=subprocess.DEVNULL,
+                       env={**os.environ, "PYTHONIOENCODING": "utf-8", "PYTHONUNBUFFERED": "1"})  # in order
     proc.wait(timeout=60)
     pump.finish(10)
     return pump
@@ -189,11 +188,16 @@ def test_a_log_that_cannot_be_written_raises_nothing_into_the_grading(tmp_path: 
     pump.finish(10)
 
 
-def test_a_pump_whose_process_never_started_closes_its_pipe() -> None:
+def test_a_pump_whose_process_never_started_closes_its_pipe(tmp_path: Path) -> None:
     pump = OutputPump(1, "runner", "worker")
     pump.finish(0)
     with pytest.raises(OSError):
         os.fstat(pump.write_end)
+    failed = OutputPump(1, "runner", "worker")
+    with pytest.raises(FileNotFoundError):
+        failed.launch(subprocess.Popen, [str(tmp_path / "no-such-program")])
+    with pytest.raises(OSError):
+        os.fstat(failed.write_end)
 
 
 def test_a_prebuilds_forged_lines_are_marked_and_its_flood_cut_in_its_log(tmp_path: Path,
