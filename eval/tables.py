@@ -234,8 +234,7 @@ def upsert(path: Path, name: str, rows: Iterable[Mapping[str, Any]],
 
 def _upsert_locked(path: Path, name: str, new: pa.Table, replace_matching: Mapping[str, Any] | None) -> pa.Table:
     keys = TABLES[name][1]
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a writer killed mid-write (we hold the lock)
-        stale.unlink(missing_ok=True)
+    remove_stale_writes(path.parent, path.name)
     if path.exists():
         old = read_table(path, name)
         new_keys = {tuple(r[k] for k in keys) for r in new.select(list(keys)).to_pylist()}
@@ -307,11 +306,21 @@ def _apply(results_dir: Path, gpu: str, entry: Path) -> None:
         entry.parent.rmdir()
 
 
+def remove_stale_writes(gpu_dir: Path, table_file: str = "*.parquet") -> None:
+    """Remove the temporary files `write_atomic` leaves when its writer is killed mid-write.
+    Only a holder of the folder's results lock may call this: no other writer is then alive."""
+    for stale in gpu_dir.glob(f".{table_file}.*.tmp"):
+        stale.unlink(missing_ok=True)
+
+
 def finish_pending(results_dir: Path) -> list[str]:
     """Finish the journal entries a killed writer left in `results_dir` (entries without their
-    manifest were never applied and are dropped); returns the labels finished."""
+    manifest were never applied and are dropped), and remove a killed writer's half-written
+    tables; returns the labels finished."""
     finished = []
     with results_lock(results_dir, f"a writer of {results_dir}"):
+        for gpu_dir in (p for p in results_dir.glob("*") if p.is_dir() and not p.name.startswith(".")):
+            remove_stale_writes(gpu_dir)
         for entry in sorted(results_dir.glob(f"*/{_PENDING}/*")):
             if (entry / _MANIFEST).is_file():
                 _apply(results_dir, entry.parent.parent.name, entry)

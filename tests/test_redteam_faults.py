@@ -411,6 +411,16 @@ def test_a_merge_killed_at_a_random_point_leaves_valid_tables_and_a_rerun_comple
     assert _no_temp_files(dst) == []
 
 
+def test_the_next_merge_removes_a_table_a_killed_writer_left_half_written(tmp_path: Path) -> None:
+    src = _folder_with(tmp_path / "src", ["s0"])
+    dst = _folder_with(tmp_path / "dst", ["d0"])
+    half = dst / "cpu" / ".results.parquet.k1ll3d.tmp"  # the name write_atomic's mkstemp gives
+    half.write_bytes(b"PAR1 half a table")
+    merge_results(src, dst)
+    assert sorted(_run_ids(dst, "results", "cpu")) == ["d0", "s0"]
+    assert _no_temp_files(dst) == []
+
+
 def test_merge_removes_shape_rows_of_a_run_whose_winning_result_has_none(tmp_path: Path) -> None:
     src = _folder_with(tmp_path / "src", [])
     dst = tmp_path / "dst"
