@@ -868,8 +868,9 @@ def _time(fn: Callable[..., Any], sets: list[list[Any]], device: str, env: dict[
 def baselines(job: Job, result: dict[str, Any]) -> None:
     """Time the reference itself — eager, through torch.compile, and each library line the problem
     names (a function of reference.py taking the model and the inputs) — on every shape, or only the
-    (shape, variant) pairs in `job.todo`. After each shape the rows so far are written to
-    `job.checkpoint_path`, so a run cut off by its timeout keeps the shapes it finished."""
+    (shape, variant) pairs in `job.todo`. After each row the rows so far are written to
+    `job.checkpoint_path`, so a run cut off (its timeout, a batch's deadline) keeps the rows it finished:
+    one max-autotune compile row can take minutes."""
     device = job.device
     problem = load_problem(job.problem_path)
     shapes = problem.shapes_for(device)
@@ -907,10 +908,10 @@ def baselines(job: Job, result: dict[str, Any]) -> None:
             fn = None
             _release_memory(device, compiled=variant.startswith("compile:"))
             rows.append(row)
+            if job.checkpoint_path:
+                _checkpoint(job.checkpoint_path, rows)
         del model, plan
         _release_memory(device, compiled=False)
-        if job.checkpoint_path:
-            _checkpoint(job.checkpoint_path, rows)
     result.update(status="ok", message="ok", baselines=rows)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from grading import MeasuredBaselines, write_submission
 
+from kernelboard.eval.deck import load_deck
 from kernelboard.eval.interrupted import (
     Interruption,
     add_interruption,
@@ -30,9 +31,18 @@ from kernelboard.eval.interrupted import (
     write_records,
 )
 from kernelboard.eval.merge import merge_results
-from kernelboard.eval.schedule import EvalOptions, no_time_for, quickest_passes, run_eval, too_late
+from kernelboard.eval.schedule import (
+    EvalOptions,
+    QuickestPass,
+    _cached_baselines,
+    baselines_todo,
+    no_time_for,
+    quickest_passes,
+    run_eval,
+    too_late,
+)
 from kernelboard.eval.settings import HOLD_BACK_AFTER_S
-from kernelboard.eval.tables import read_table, table_path
+from kernelboard.eval.tables import read_table, table_path, upsert
 
 ROOT = Path(__file__).resolve().parents[1]
 DECK = ROOT / "eval" / "decks" / "hard"
@@ -177,20 +187,35 @@ def test_no_run_starts_where_even_its_problems_quickest_pass_would_be_cut(cut_of
     write_records(results, GPU, {"a_stalls": Interruption(cut.solution_sha256, 1, 400.0, "correctness", cut.last_at)})
     assert [r["status"] for r in _next_batch(cut_off, results, stop_at=time.time() + 120)] == ["pass"]  # b_honest
     quickest = quickest_passes(results, GPU)
-    assert list(quickest) == [PROBLEM] and quickest[PROBLEM] > 0
+    assert list(quickest) == [PROBLEM] and quickest[PROBLEM].seconds > 0 and quickest[PROBLEM].gpu == GPU
     subs = tmp_path / "submissions"
     shutil.copytree(cut_off / "submissions", subs)
     shutil.copytree(subs / "b_honest", subs / "c_honest")
     options = EvalOptions(deck=DECK, submissions=subs, out=results, device="cpu", resume=True, timeout_s=15.0,
-                          build_timeout_s=10.0, rep_ms=20.0, stop_at=time.time() + quickest[PROBLEM] / 2)
+                          build_timeout_s=10.0, rep_ms=20.0, stop_at=time.time() + quickest[PROBLEM].seconds / 2)
     assert run_eval(options) == []  # c_honest not started; a_stalls held back as before
     todo = {r["run_id"] for r in read_table(table_path(results, GPU, "results"), "results").to_pylist()}
     assert "c_honest" not in todo
-    why = no_time_for(PROBLEM, 85.0, 1050.0, now=1000.0)
+    why = no_time_for(PROBLEM, QuickestPass(85.0, GPU), 1050.0, GPU, now=1000.0)
     assert why == (f"the quickest pass of {PROBLEM} here took 85 s, and this batch ends in 50 s (--stop-at): "
                    "a later call grades it")
-    assert no_time_for(PROBLEM, 85.0, 1085.0, now=1000.0) is None and no_time_for(PROBLEM, None, 1.0, now=0.0) is None
-    assert no_time_for(PROBLEM, 85.0, None) is None
+    assert no_time_for(PROBLEM, QuickestPass(85.0, GPU), 1085.0, GPU, now=1000.0) is None
+    assert no_time_for(PROBLEM, None, 1.0, GPU, now=0.0) is None
+    assert no_time_for(PROBLEM, QuickestPass(85.0, GPU), None, GPU) is None
+    # a problem with no pass on this GPU yet is timed by its quickest on another (on 2026-12-06 an H100 call
+    # started 01, with no pass there, 86 s before its end); this GPU's own pass wins once it has one
+    other = tmp_path / "other"
+    shutil.copytree(results / GPU, other / "h200")
+    assert quickest_passes(other, GPU)[PROBLEM] == QuickestPass(quickest[PROBLEM].seconds, "h200")
+    theirs = read_table(table_path(other, "h200", "results"), "results").to_pylist()
+    quicker = [{**r, "grade_seconds": 1.0} for r in theirs]
+    upsert(table_path(results, "h200", "results"), "results", quicker)
+    shutil.copy2(table_path(other, "h200", "runs"), table_path(results, "h200", "runs"))
+    assert quickest_passes(results, GPU)[PROBLEM] == quickest[PROBLEM]
+    assert quickest_passes(results, "h200")[PROBLEM] == QuickestPass(1.0, "h200")
+    why = no_time_for(PROBLEM, QuickestPass(27.0, "h200"), 1010.0, GPU, now=1000.0)
+    assert why == (f"the quickest pass of {PROBLEM} on h200 (none here yet) took 27 s, and this batch ends in "
+                   "10 s (--stop-at): a later call grades it")
 
 
 def test_the_next_batch_grades_a_long_one_last_and_forgets_it_once_graded(cut_off: Path, tmp_path: Path) -> None:
@@ -275,3 +300,35 @@ def test_a_cut_off_grading_counts_its_build_too(tmp_path: Path) -> None:
             raise KeyboardInterrupt
         seconds = read_records(out, GPU)[0]["a_built"].seconds
         assert least <= seconds < least + 5.0, (name, seconds)
+
+
+def test_baselines_cut_off_keep_the_rows_measured_and_the_next_batch_measures_only_the_rest(tmp_path: Path) -> None:
+    """A call's deadline that falls while a problem's baselines are measured keeps each row finished (an H100
+    call of 2026-12-06 began 01's baselines 86 s before its end and kept none of them)."""
+    write_submission(tmp_path / "submissions" / "any", PROBLEM, HONEST)
+    results, scratch = tmp_path / "results", tmp_path / "scratch"
+    scratch.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from kernelboard.cli import main; main()", "eval", "--deck", str(DECK),
+         "--submissions", str(tmp_path / "submissions"), "--out", str(results), "--device", "cpu",
+         "--baselines-only"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "TMPDIR": str(scratch)})  # where the batch's worker checkpoints its rows
+    log = results / GPU / "logs" / f"baselines-hard-{PROBLEM}.log"
+    deadline = time.monotonic() + 240
+    while not any(scratch.glob(f"*/baselines-{PROBLEM}.checkpoint.json")) \
+            and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.communicate()[0].decode()[-2000:]  # still measuring the rest
+    os.kill(proc.pid, signal.SIGINT)  # the grader only, as `timeout -s INT` signals it
+    out, _ = proc.communicate(timeout=60)
+    problem = load_deck(DECK)[PROBLEM]
+    options = EvalOptions(deck=DECK, submissions=tmp_path / "submissions", out=results, device="cpu")
+    every = sum(map(len, baselines_todo(options, problem, {}).values()))
+    kept = read_table(table_path(results, GPU, "baselines"), "baselines").to_pylist()
+    assert 1 <= len(kept) < every, out.decode()[-2000:]
+    assert (kept[0]["shape_idx"], kept[0]["variant"], kept[0]["status"]) == (0, "eager", "ok")
+    assert f"interrupted: {len(kept)} of the {every} rows measured are kept" in log.read_text()
+    rest = baselines_todo(options, problem, _cached_baselines(results, GPU, problem, None))
+    assert sum(map(len, rest.values())) == every - len(kept)
+    assert "eager" not in rest["0"]
