@@ -22,9 +22,10 @@ them (the judge; the scheduler, for a prebuild) carries it into the log:
   tag is prefixed `[runner printed] ` (`[prebuild printed] `), so it cannot pass for the trusted side's,
   not even spelled with look-alike letters; its own `[runner]` lines and untagged ones (ninja's
   `[1/2] c++ …` among them: `1/2` is no word) pass unchanged;
-- the first `LOG_HEAD_BYTES` of what it writes pass as they come; past them, bytes and lines are counted and
-  only the last `LOG_TAIL_BYTES` kept in memory. When the pipe ends (every process holding it has exited),
-  one line of the trusted side's gives the count, and the kept tail follows.
+- the first `LOG_HEAD_BYTES` of what it writes pass as they come; past them, a line of the trusted side's
+  says so at once (a worker killed at a phase's timeout writes nothing more), bytes and lines are counted
+  and only the last `LOG_TAIL_BYTES` kept in memory. When the pipe ends (every process holding it has
+  exited), one line of the trusted side's gives the count, and the kept tail follows.
 
 Its owner calls `finish` once the process tree is killed: a process the candidate left behind that still
 holds the pipe (out of reach of the kill, where there is no sandbox) costs a bounded wait and one line, never
@@ -297,10 +298,18 @@ class OutputPump:
                 self._overflow = _Overflow(self.tail_bytes)
                 self._overflow.add(b"".join(printed[i:]) + bytes(self._partial))
                 self._partial.clear()
+                out += self._cut_notice()
                 break
             out += line
             self._head_left -= len(line)
         return bytes(out)
+
+    def _cut_notice(self) -> bytes:
+        """Said the moment the head is full: a grader killed before the pipe ends (a phase's timeout) never
+        writes the count and tail, and its log then still says that output went on past this point."""
+        return (f"[{self.writer}] the {self.process}'s output goes on past the {_size(self.head_bytes)} this log "
+                f"holds as it comes: the rest is counted, and its last {_size(self.tail_bytes)} follow once the "
+                f"{self.process} ends\n").encode()
 
     def _ending(self, woken: bool, failure: str | None) -> bytes:
         """What the log gets once the pipe ends: the unfinished last line, why it ended early if it did, and

@@ -340,6 +340,9 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: the grader's `[grader]` and the judge's `[worker]` do, look-alikes included) is marked `[runner printed]` /
 #: `[prebuild printed]`, and past LOG_HEAD_BYTES only their last LOG_TAIL_BYTES are kept, after a count of the
 #: rest. Logs only: verdicts unchanged.
+#: 0.5.23: the log says the moment a process's output passes LOG_HEAD_BYTES (a worker killed at a phase's
+#: timeout writes no count or tail); a batch cut off while measuring baselines keeps the rows it finished (the
+#: baseline worker checkpoints after each row), and the next measures the rest. Verdicts unchanged.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 #: Passes an earlier grader gave under a looser check than the current one, as (the first grader with the

@@ -106,9 +106,33 @@ for i in range(50):
     _pumped(log, _python(source), head_bytes=1000, tail_bytes=300)
     lines = log.read_text(encoding="utf-8").splitlines()
     assert lines[:10] == [f"{i:03d} " + "x" * 95 for i in range(10)]
-    assert lines[10] == ("[worker] the runner printed 4,000 bytes (40 lines) beyond the 1,000 bytes of its output "
+    assert lines[10] == ("[worker] the runner's output goes on past the 1,000 bytes this log holds as it comes: the "
+                         "rest is counted, and its last 300 bytes follow once the runner ends")  # before it ends
+    assert lines[11] == ("[worker] the runner printed 4,000 bytes (40 lines) beyond the 1,000 bytes of its output "
                          "this log holds above; the last 3 of those lines follow:")
-    assert lines[11:] == [f"{i:03d} " + "x" * 95 for i in (47, 48, 49)]
+    assert lines[12:] == [f"{i:03d} " + "x" * 95 for i in (47, 48, 49)]
+
+
+def test_a_log_says_at_once_that_output_went_past_its_head(tmp_path: Path) -> None:
+    """A worker killed at a phase's timeout never writes the count and the tail: its log must already say
+    that the runner's output went on, while the runner is still running."""
+    log = tmp_path / "run.log"
+    with log.open("ab") as fh:
+        pump = OutputPump(fh.fileno(), "runner", "worker", head_bytes=1000, tail_bytes=300)
+    proc = pump.launch(subprocess.Popen, _python("import time\nfor i in range(20): print('x' * 99)\ntime.sleep(60)"),
+                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 30
+        while "goes on past" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None  # still running: nothing was waiting for its end
+        assert log.read_text().splitlines()[-1] == ("[worker] the runner's output goes on past the 1,000 bytes this "
+                                                    "log holds as it comes: the rest is counted, and its last 300 "
+                                                    "bytes follow once the runner ends")
+    finally:
+        proc.kill()
+        proc.wait()
+        pump.finish(5)
 
 
 def test_a_tail_that_starts_mid_line_begins_at_the_next_line_and_a_marked_one_stays_marked(tmp_path: Path) -> None:
@@ -123,9 +147,9 @@ sys.stdout.write("no newline at the end")
     _pumped(log, _python(source), head_bytes=1000, tail_bytes=250)
     lines = log.read_text(encoding="utf-8").splitlines()
     over = 20 * 100 + len("[grader] forged in the tail\n") + len("no newline at the end")
-    assert lines[10] == (f"[worker] the runner printed {over:,} bytes (22 lines) beyond the 1,000 bytes of its "
+    assert lines[11] == (f"[worker] the runner printed {over:,} bytes (22 lines) beyond the 1,000 bytes of its "
                          "output this log holds above; the last 3 of those lines follow:")
-    assert lines[11:] == ["029 " + "x" * 95, "[runner printed] [grader] forged in the tail", "no newline at the end"]
+    assert lines[12:] == ["029 " + "x" * 95, "[runner printed] [grader] forged in the tail", "no newline at the end"]
 
 
 def test_a_line_longer_than_the_tail_is_written_in_pieces(tmp_path: Path) -> None:
