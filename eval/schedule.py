@@ -37,7 +37,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from kernelboard.errors import SubmissionError, UsageError
+from kernelboard.errors import KernelboardError, SubmissionError, UsageError
 
 from .cutlass_headers import Cutlass, find_cutlass
 from .deck import Problem, load_deck
@@ -177,12 +177,7 @@ def ensure_baselines(opts: EvalOptions, gpu: str, problem: Problem, env: dict[st
                              arch=env.get("capability"), log_header=header)
     except KeyboardInterrupt:  # a GPU call's deadline: the rows measured so far are kept, the next batch
         # measures the rest (an H100 call of 2026-12-06 began 01's baselines 86 s before its end and kept none)
-        kept = _checkpointed(checkpoint)
-        _write_baselines(opts, gpu, problem, env, kept)
-        with contextlib.suppress(OSError), open(log, "a") as fh:
-            fh.write(f"[kernelboard] interrupted: {len(kept)} of the {sum(map(len, todo.values()))} rows measured "
-                     "are kept; the next batch measures the rest\n")
-        _console.print(f"[yellow]baselines for {problem.name} interrupted: {len(kept)} rows measured are kept[/]")
+        _keep_interrupted(opts, gpu, problem, env, _checkpointed(checkpoint), sum(map(len, todo.values())), log)
         raise
     measured = outcome.result.get("baselines") if outcome.result.get("status") == "ok" else None
     if measured is None:
@@ -191,6 +186,21 @@ def ensure_baselines(opts: EvalOptions, gpu: str, problem: Problem, env: dict[st
                        + (f" (keeping the {len(measured)} measured before it stopped)" if measured else ""))
     _write_baselines(opts, gpu, problem, env, measured)
     return _cached_baselines(opts.out, gpu, problem, env)
+
+
+def _keep_interrupted(opts: EvalOptions, gpu: str, problem: Problem, env: dict[str, Any],
+                      kept: list[dict[str, Any]], wanted: int, log: Path) -> None:
+    """Write the rows an interrupted baseline worker finished, and say so in its log; never raises, so
+    that the interrupt goes on."""
+    try:
+        _write_baselines(opts, gpu, problem, env, kept)
+    except KernelboardError as exc:
+        _console.print(f"[red]baselines for {problem.name} interrupted; its {len(kept)} rows not kept: {exc}[/]")
+        return
+    with contextlib.suppress(OSError), open(log, "a") as fh:
+        fh.write(f"[grader] interrupted: {len(kept)} of the {wanted} rows measured are kept; the next batch "
+                 "measures the rest\n")
+    _console.print(f"[yellow]baselines for {problem.name} interrupted: {len(kept)} rows measured are kept[/]")
 
 
 def _write_baselines(opts: EvalOptions, gpu: str, problem: Problem, env: dict[str, Any],
@@ -639,20 +649,26 @@ def quickest_passes(out: Path, gpu: str) -> dict[str, QuickestPass]:
     """problem -> its quickest pass on this GPU in `out`, or, for a problem with none here yet, its quickest
     on another GPU there: a problem new to a GPU would otherwise be started with seconds left (on the H100
     SXM and the H200 each problem's quickest passes were within 1.6× of each other: 06's 75 s and 121 s)."""
-    quickest: dict[str, QuickestPass] = {}
-    for folder in sorted(p.name for p in out.glob("*") if p.is_dir() and not p.name.startswith(".")):
-        results, runs = table_path(out, folder, "results"), table_path(out, folder, "runs")
-        if not (results.exists() and runs.exists()):
-            continue
-        problem_of = {r["run_id"]: r["problem"] for r in read_table(runs, "runs").to_pylist()}
-        for row in read_table(results, "results").to_pylist():
-            problem, seconds = problem_of.get(row["run_id"]), row["grade_seconds"]
-            if row["status"] != "pass" or problem is None or seconds is None:
-                continue
+    quickest = {problem: QuickestPass(seconds, gpu) for problem, seconds in _quickest_in(out, gpu).items()}
+    for folder in sorted(p.name for p in out.glob("*") if p.is_dir() and p.name != gpu and not p.name.startswith(".")):
+        for problem, seconds in _quickest_in(out, folder).items():
             known = quickest.get(problem)
-            mine, theirs = folder == gpu, known is not None and known.gpu == gpu
-            if known is None or (mine and not theirs) or (mine == theirs and seconds < known.seconds):
+            if known is None or (known.gpu != gpu and seconds < known.seconds):
                 quickest[problem] = QuickestPass(seconds, folder)
+    return quickest
+
+
+def _quickest_in(out: Path, gpu: str) -> dict[str, float]:
+    """problem -> the least grade time (seconds, its compile included) of a pass of it in `out`'s `gpu` folder."""
+    results, runs = table_path(out, gpu, "results"), table_path(out, gpu, "runs")
+    if not (results.exists() and runs.exists()):
+        return {}
+    problem_of = {r["run_id"]: r["problem"] for r in read_table(runs, "runs").to_pylist()}
+    quickest: dict[str, float] = {}
+    for row in read_table(results, "results").to_pylist():
+        problem, seconds = problem_of.get(row["run_id"]), row["grade_seconds"]
+        if row["status"] == "pass" and problem is not None and seconds is not None:
+            quickest[problem] = min(seconds, quickest.get(problem, seconds))
     return quickest
 
 
