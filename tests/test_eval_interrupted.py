@@ -327,7 +327,7 @@ def test_baselines_cut_off_keep_the_rows_measured_and_the_next_batch_measures_on
     every = sum(map(len, baselines_todo(options, problem, {}).values()))
     kept = read_table(table_path(results, GPU, "baselines"), "baselines").to_pylist()
     assert 1 <= len(kept) < every, out.decode()[-2000:]
-    assert (kept[0]["shape_idx"], kept[0]["variant"], kept[0]["status"]) == (0, "eager", "ok")
+    assert (0, "eager", "ok") in {(r["shape_idx"], r["variant"], r["status"]) for r in kept}  # the first measured
     assert f"[grader] interrupted: {len(kept)} of the {every} rows measured are kept" in log.read_text()
     rest = baselines_todo(options, problem, _cached_baselines(results, GPU, problem, None))
     assert sum(map(len, rest.values())) == every - len(kept)
