@@ -160,3 +160,25 @@ def test_screenshots_at_desktop_and_phone_widths(browser: Browser, site_url: str
         assert shot.stat().st_size > 10_000
         assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1"), (label, name)
     context.close()
+
+
+def test_a_wide_tables_caption_wraps_in_view_on_a_laptop(browser: Browser, site_url: str, built_site: Path) -> None:
+    """A run's per-shape table is wider than a small laptop's page and scrolls sideways in its wrapper; its
+    caption, which explains every column, must wrap at the wrapper's edge, never run past it, where it could
+    be read only by scrolling the table (the H100 SXM run pages at 1300 px, before 2026-12-07)."""
+    context = browser.new_context(viewport={"width": 900, "height": 900})
+    page = context.new_page()
+    runs = sorted(p.parent.relative_to(built_site).as_posix() for p in built_site.glob("runs/*/*/index.html"))
+    overflowing, clipped = 0, []
+    for rel in runs:
+        page.goto(f"{site_url}{rel}/")
+        page.wait_for_load_state("load")
+        for wide, right, caption_right in page.eval_on_selector_all(
+                ".table-wrap", "ws => ws.map(w => [w.scrollWidth > w.clientWidth + 1, w.getBoundingClientRect().right,"
+                " w.querySelector('caption') ? w.querySelector('caption').getBoundingClientRect().right : 0])"):
+            overflowing += wide
+            if wide and caption_right > right + 1:
+                clipped.append((rel, round(caption_right), round(right)))
+    context.close()
+    assert overflowing > 0  # the case this guards: a table wider than its wrapper
+    assert clipped == []
