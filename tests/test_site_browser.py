@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from browsing import ARTIFACTS, needs_chromium, watch
+from browsing import ARTIFACTS, needs_chromium, serve, watch
 from site_fixtures import GPU, PASS, PROBLEM, SiteInputs
 
 if TYPE_CHECKING:
@@ -182,3 +182,22 @@ def test_a_wide_tables_caption_wraps_in_view_on_a_laptop(browser: Browser, site_
     context.close()
     assert overflowing > 0  # the case this guards: a table wider than its wrapper
     assert clipped == []
+
+
+def test_a_gpu_board_fits_a_laptop_page_whole(browser: Browser, committed_site: Path) -> None:
+    """Every column of each committed GPU board is on screen at 1280 px, none behind a sideways scroll: the
+    house rows' names and badges, and the notes under names, kept on one line once widened the H100 SXM board
+    past the page, its last columns cut off mid-number (an output token count read as "14,95")."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    boards = sorted(p.parent.relative_to(committed_site).as_posix() for p in committed_site.glob("gpu/*/index.html"))
+    wide = {}
+    with serve(committed_site) as url:
+        for rel in boards:
+            page.goto(f"{url}{rel}/")
+            page.wait_for_load_state("load")
+            widths = page.eval_on_selector_all(".table-wrap", "ws => ws.map(w => [w.scrollWidth, w.clientWidth])")
+            if any(scroll > client + 1 for scroll, client in widths):
+                wide[rel] = widths
+    context.close()
+    assert len(boards) >= 5 and wide == {}
