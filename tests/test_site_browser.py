@@ -184,20 +184,25 @@ def test_a_wide_tables_caption_wraps_in_view_on_a_laptop(browser: Browser, site_
     assert clipped == []
 
 
-def test_a_gpu_board_fits_a_laptop_page_whole(browser: Browser, committed_site: Path) -> None:
-    """Every column of each committed GPU board is on screen at 1280 px, none behind a sideways scroll: the
-    house rows' names and badges, and the notes under names, kept on one line once widened the H100 SXM board
-    past the page, its last columns cut off mid-number (an output token count read as "14,95")."""
+def test_boards_and_model_pages_fit_a_laptop_page_whole(browser: Browser, committed_site: Path) -> None:
+    """Every column of each committed GPU board and of each model's every-attempt table is on screen at 1280 px,
+    none behind a sideways scroll, and no page is wider than the window. Before 2026-12-07 the calibration
+    rows' names and badges on one line widened the H100 SXM board past the page, its last columns cut off
+    mid-number (an output token count read as "14,95"); an audit note's long token held a model's attempts
+    table at 1,720 px; a failure message's kernel name pushed a model page 110 px past the window."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
-    boards = sorted(p.parent.relative_to(committed_site).as_posix() for p in committed_site.glob("gpu/*/index.html"))
+    pages = sorted(p.parent.relative_to(committed_site).as_posix()
+                   for pattern in ("gpu/*/index.html", "models/*/index.html") for p in committed_site.glob(pattern))
     wide = {}
     with serve(committed_site) as url:
-        for rel in boards:
+        for rel in pages:
             page.goto(f"{url}{rel}/")
             page.wait_for_load_state("load")
-            widths = page.eval_on_selector_all(".table-wrap", "ws => ws.map(w => [w.scrollWidth, w.clientWidth])")
-            if any(scroll > client + 1 for scroll, client in widths):
-                wide[rel] = widths
+            tables = page.eval_on_selector_all(".table-wrap", "ws => ws.map(w => w.scrollWidth - w.clientWidth)")
+            beyond = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+            if max(tables, default=0) > 1 or beyond > 1:
+                wide[rel] = (tables, beyond)
     context.close()
-    assert len(boards) >= 5 and wide == {}
+    assert sum(rel.startswith("gpu/") for rel in pages) >= 5 and sum(rel.startswith("models/") for rel in pages) >= 20
+    assert wide == {}
