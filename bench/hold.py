@@ -5,7 +5,9 @@ problem like 06 takes several sessions of GPU calls. Its gradings must not wait 
 ignores: they are committed to `data/held/<gpu>/`, a results folder the site does not read, and join with
 `kernelboard eval merge data/held --into data/results` once the problem is whole. This writes the problem's
 results, shapes and runs rows that `data/results` lacks, the problem's baseline rows, the GPU's hardware row
-and their logs, replacing `data/held/<gpu>/` whole, and validates the folder as the loader does.
+and their logs, replacing `data/held/<gpu>/` whole, and validates the folder as the loader does. A call cut
+off while it measured the problem's baselines (none graded yet) holds those rows alone: the next session's
+seed (`bench/carry.sh`) carries them, and its first call measures only the rest.
 
     .venv/bin/python bench/hold.py /tmp/res13/res h100-sxm 06_sonic_moe_swiglu
 """
@@ -33,14 +35,16 @@ def main(source: Path, gpu: str, problem: str, committed: Path, held: Path) -> N
     graded = {r["run_id"] for r in table_rows(committed, gpu, "results")}
     runs = {r["run_id"]: r for r in table_rows(source, gpu, "runs") if r["problem"] == problem}
     results = [r for r in table_rows(source, gpu, "results") if r["run_id"] in runs and r["run_id"] not in graded]
-    if not results:
-        raise click.ClickException(f"{source / gpu}: no result of {problem} that {committed / gpu} lacks")
-    ids = {r["run_id"] for r in results}
+    baselines = [r for r in table_rows(source, gpu, "baselines") if r["problem"] == problem]
+    known = table_rows(committed, gpu, "baselines")
+    if not (results or any(r not in known for r in baselines)):
+        raise click.ClickException(f"{source / gpu}: no result or baseline of {problem} that {committed / gpu} lacks")
+    ids = {r["run_id"] for r in results}  # none: a call cut off in the baselines, which are held alone
     tables = {
         "runs": [runs[i] for i in sorted(ids)],
         "results": results,
         "shapes": [r for r in table_rows(source, gpu, "shapes") if r["run_id"] in ids],
-        "baselines": [r for r in table_rows(source, gpu, "baselines") if r["problem"] == problem],
+        "baselines": baselines,
         "hardware": table_rows(source, gpu, "hardware"),
     }
     staged = held.parent / f".{held.name}.staging"
@@ -50,7 +54,7 @@ def main(source: Path, gpu: str, problem: str, committed: Path, held: Path) -> N
         write_atomic(rows_to_table(name, rows), table_path(staged, gpu, name))
     found = source / gpu / "logs"  # a run's logs as `eval merge` moves them: <run_id>.log, <run_id>.prebuild.log
     logs = [log for run_id in sorted(ids) for log in found.glob(f"{run_id}.*log")]
-    logs += found.glob(f"baselines-{runs[next(iter(ids))]['bench']}-{problem}.log")
+    logs += found.glob(f"baselines-*-{problem}.log")
     for log in logs:
         shutil.copy2(log, staged / gpu / "logs" / log.name)
     load_all(staged)  # the contract, cross-table rules included, before anything replaces the held folder

@@ -258,4 +258,17 @@ def test_held_gradings_are_copied_whole_and_join_the_board_by_merge(tmp_path: Pa
     assert statuses == {r["run_id"]: r["status"] for r in expected["results"]}
     refused = hold(REAL)
     assert refused.returncode == 1 and refused.stderr.strip().splitlines()[-1].startswith("Error: ")
-    assert "no result of 06_sonic_moe_swiglu that" in refused.stderr
+    assert "no result or baseline of 06_sonic_moe_swiglu that" in refused.stderr
+    # a call cut off in 06's baselines, none of its runs graded: the rows it measured are held alone
+    cut = tmp_path / "cut"
+    for name in ("runs", "results", "shapes"):
+        write_atomic(rows_to_table(name, []), table_path(cut, gpu, name))
+    write_atomic(rows_to_table("baselines", expected["baselines"][:5]), table_path(cut, gpu, "baselines"))
+    write_atomic(rows_to_table("hardware", expected["hardware"]), table_path(cut, gpu, "hardware"))
+    (cut / gpu / "logs").mkdir()
+    shutil.copy2(REAL / gpu / "logs" / f"baselines-hard-{problem}.log", cut / gpu / "logs")
+    alone = subprocess.run([sys.executable, str(bench), str(cut), gpu, problem, "--committed", str(tmp_path / "none"),
+                            "--held", str(tmp_path / "held-cut")], capture_output=True, text=True)
+    assert alone.returncode == 0, alone.stderr
+    assert "runs 0, results 0, shapes 0, baselines 5, hardware 1; 1 logs" in alone.stdout
+    assert sorted(rows(tmp_path / "held-cut", "baselines"), key=repr) == sorted(expected["baselines"][:5], key=repr)
