@@ -185,15 +185,17 @@ def test_a_wide_tables_caption_wraps_in_view_on_a_laptop(browser: Browser, site_
 
 
 def test_boards_and_model_pages_fit_a_laptop_page_whole(browser: Browser, committed_site: Path) -> None:
-    """Every column of each committed GPU board and of each model's every-attempt table is on screen at 1280 px,
-    none behind a sideways scroll, and no page is wider than the window. Before 2026-12-07 the calibration
-    rows' names and badges on one line widened the H100 SXM board past the page, its last columns cut off
-    mid-number (an output token count read as "14,95"); an audit note's long token held a model's attempts
-    table at 1,720 px; a failure message's kernel name pushed a model page 110 px past the window."""
+    """Every column of the committed boards (home, each GPU), the runs list and each model's every-attempt
+    table is on screen at 1280 px, none behind a sideways scroll, and no page is wider than the window.
+    Before 2026-12-07 the calibration rows' names and badges on one line widened the H100 SXM board past the
+    page, its last columns cut off mid-number (an output token count read as "14,95"); an audit note's long
+    token held a model's attempts table at 1,720 px; a failure message's kernel name pushed a model page
+    110 px past the window."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     pages = sorted(p.parent.relative_to(committed_site).as_posix()
-                   for pattern in ("gpu/*/index.html", "models/*/index.html") for p in committed_site.glob(pattern))
+                   for pattern in ("index.html", "runs/index.html", "gpu/*/index.html", "models/*/index.html")
+                   for p in committed_site.glob(pattern))
     wide = {}
     with serve(committed_site) as url:
         for rel in pages:
