@@ -44,6 +44,8 @@ _ERROR_TEXT = 16_000  # characters of a failure's error text kept in the result 
 #: The least `RunnerProcess.join` waits for the runner's output to end once its tree has exited (or was waited
 #: for as long as the join's timeout allowed): where nothing is left holding the pipe, it ends at once.
 OUTPUT_WAIT_MIN_S = 1.0
+#: How long `RunnerProcess.join` without a timeout waits for the runner's tree, once the runner has exited.
+TREE_WAIT_S = 30.0
 
 
 class RunnerProcess:
@@ -67,17 +69,18 @@ class RunnerProcess:
 
     def join(self, timeout: float | None = None) -> None:
         started = time.monotonic()
+        deadline = started + (timeout or TREE_WAIT_S)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.confined.proc.wait(timeout=timeout)
         if self.confined.proc.returncode is None:
             return
-        left = proctree.wait_exited(self.tree, max(0.0, (timeout or 30.0) - (time.monotonic() - started)))
+        left = proctree.wait_exited(self.tree, max(0.0, deadline - time.monotonic()))
         if left:
             print(f"[worker] {len(left)} process(es) of the runner still ran {time.monotonic() - started:.0f} s "
                   f"after it was killed (pids {', '.join(map(str, left))})", flush=True)
         self.confined.release()
         if self.output is not None:  # its pipe ends once every process holding it has exited: by now, in a sandbox
-            self.output.finish(max(OUTPUT_WAIT_MIN_S, (timeout or 30.0) - (time.monotonic() - started)))
+            self.output.finish(max(OUTPUT_WAIT_MIN_S, deadline - time.monotonic()))
 
     @property
     def exitcode(self) -> int | None:
