@@ -190,11 +190,13 @@ def test_boards_runs_and_model_pages_fit_a_laptop_page_whole(browser: Browser, c
     Before 2026-12-07 the calibration rows' names and badges on one line widened the H100 SXM board past the
     page, its last columns cut off mid-number (an output token count read as "14,95"); an audit note's long
     token held a model's attempts table at 1,720 px; a failure message's kernel name pushed a model page
-    110 px past the window; a run's per-shape table ran up to 169 px past its wrapper."""
+    110 px past the window; a run's per-shape table ran up to 169 px past its wrapper; Mega's submissions tables
+    (two more columns) ran 18–102 px past theirs."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     pages = sorted(p.parent.relative_to(committed_site).as_posix()
-                   for pattern in ("index.html", "runs/index.html", "gpu/*/index.html", "models/*/index.html")
+                   for pattern in ("index.html", "runs/index.html", "gpu/*/index.html", "models/*/index.html",
+                                   "problems/*/*/index.html")
                    for p in committed_site.glob(pattern))
     runs = sorted(p.parent.relative_to(committed_site).as_posix() for p in committed_site.glob("runs/*/*/index.html"))
     pages += runs[::7]  # a run's per-shape table: 17 columns on an H200 (a seventh of the run pages, every GPU)
@@ -208,6 +210,7 @@ def test_boards_runs_and_model_pages_fit_a_laptop_page_whole(browser: Browser, c
             if max(tables, default=0) > 1 or beyond > 1:
                 wide[rel] = (tables, beyond)
     context.close()
+    assert sum(rel.startswith("problems/") for rel in pages) >= 7
     assert sum(rel.startswith("gpu/") for rel in pages) >= 5 and sum(rel.startswith("models/") for rel in pages) >= 20
     assert len({rel.split("/")[1] for rel in runs[::7]}) >= 5
     assert wide == {}
