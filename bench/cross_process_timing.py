@@ -1,0 +1,338 @@
+"""Can the judge time a call that a sandboxed runner makes, from its own process? An experiment (needs a GPU).
+
+Why: every figure the grader takes today comes from CUDA events recorded in the runner's process, which the
+candidate's code shares, so a lie told only inside the timed loop is bounded by `scoring.beyond_hardware`
+alone (the strict xfails in tests/test_redteam_timing.py). A span the judge records on its own stream cannot be
+forged there. This measures whether such a span can be had, and at what cost:
+
+1. legacy CUDA IPC event handles (`torch.cuda.Event(interprocess=True)`) across the sandbox, which has its own
+   PID namespace (the driver is said to refuse them across namespaces: this records what it does);
+2. a handshake through device memory the judge allocates (`cuMemCreate`, exported as a POSIX file descriptor,
+   which crosses any namespace as an inherited fd): the judge's stream writes the call's inputs, records its
+   start event and writes a `ready` word; the runner's stream waits on `ready` (`cuStreamWaitValue32`), makes
+   the call and writes `done`; the judge's stream waits on `done`, records its end event and copies the output.
+   Inputs written on the judge's stream cannot be read before `ready`, and an output the judge copies before it
+   is whole is wrong, so such a span bounds the call from below whatever the runner's code does;
+3. per matmul size, the median of three clocks over the same calls: the judge's own events around the same
+   matmul in its own process (the truth), the runner's events around its call (today's method), and the
+   judge's cross-process span; their difference at a null call is the handshake's own cost;
+4. an "early done" runner that writes `done` before its matmul: how often the judge's copy is then wrong.
+
+    python bench/cross_process_timing.py                 # sandboxed as the grader sandboxes (bubblewrap)
+    python bench/cross_process_timing.py --unsandboxed   # the same processes without a sandbox
+
+Needs the grader installed (`kernelboard.eval.jail` starts the sandboxed runner) and bwrap on PATH. Figures
+measured on an H100 are in bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+SIZES = (0, 256, 1024, 2048, 4096)  # 0: a null call (the handshake alone)
+CALLS = 100
+FLAG_BYTES = 256  # the ready word at 0, the done word at 4
+POOL = 3  # input sets the judge rotates, as a Feed does
+
+
+# ---- the CUDA driver API, through ctypes (the same on both sides) ----
+
+class Location(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class AllocFlags(ctypes.Structure):
+    _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
+                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
+
+
+class AllocationProp(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location", Location),
+                ("win32HandleMetaData", ctypes.c_void_p), ("allocFlags", AllocFlags)]
+
+
+class AccessDesc(ctypes.Structure):
+    _fields_ = [("location", Location), ("flags", ctypes.c_int)]
+
+
+PINNED, POSIX_FD, ON_DEVICE, READ_WRITE, WAIT_GEQ = 1, 1, 1, 3, 0
+
+
+class Driver:
+    """The few driver calls the handshake needs; each failure raises with the call's name and error code."""
+
+    def __init__(self) -> None:
+        self.lib = ctypes.CDLL("libcuda.so.1")
+
+    def __call__(self, name: str, *args: object) -> None:
+        for symbol in (f"{name}_v2", name):
+            fn = getattr(self.lib, symbol, None)
+            if fn is not None:
+                break
+        else:
+            raise RuntimeError(f"libcuda has no {name}")
+        code = fn(*args)
+        if code != 0:
+            text = ctypes.c_char_p()
+            self.lib.cuGetErrorString(code, ctypes.byref(text))
+            raise RuntimeError(f"{name} failed: {code} {text.value.decode() if text.value else ''}")
+
+    def prop(self, device: int) -> AllocationProp:
+        return AllocationProp(PINNED, POSIX_FD, Location(ON_DEVICE, device), None, AllocFlags())
+
+    def granular(self, size: int, device: int) -> int:
+        granularity = ctypes.c_size_t()
+        self("cuMemGetAllocationGranularity", ctypes.byref(granularity), ctypes.byref(self.prop(device)), 0)
+        return -(-size // granularity.value) * granularity.value
+
+    def create_exported(self, size: int, device: int) -> tuple[int, int]:
+        """A device allocation of `size` bytes and a file descriptor that shares it."""
+        handle, fd = ctypes.c_ulonglong(), ctypes.c_int()
+        self("cuMemCreate", ctypes.byref(handle), ctypes.c_size_t(size), ctypes.byref(self.prop(device)),
+             ctypes.c_ulonglong(0))
+        self("cuMemExportToShareableHandle", ctypes.byref(fd), handle, POSIX_FD, ctypes.c_ulonglong(0))
+        return handle.value, fd.value
+
+    def import_fd(self, fd: int) -> int:
+        handle = ctypes.c_ulonglong()
+        self("cuMemImportFromShareableHandle", ctypes.byref(handle), ctypes.c_void_p(fd), POSIX_FD)
+        return handle.value
+
+    def map(self, handle: int, size: int, device: int) -> int:
+        """Map an allocation handle into this process, readable and writable from `device`: its address."""
+        ptr = ctypes.c_ulonglong()
+        self("cuMemAddressReserve", ctypes.byref(ptr), ctypes.c_size_t(size), ctypes.c_size_t(0),
+             ctypes.c_ulonglong(0), ctypes.c_ulonglong(0))
+        self("cuMemMap", ptr, ctypes.c_size_t(size), ctypes.c_size_t(0), ctypes.c_ulonglong(handle),
+             ctypes.c_ulonglong(0))
+        desc = AccessDesc(Location(ON_DEVICE, device), READ_WRITE)
+        self("cuMemSetAccess", ptr, ctypes.c_size_t(size), ctypes.byref(desc), ctypes.c_size_t(1))
+        return ptr.value
+
+    def wait(self, stream: int, address: int, value: int) -> None:
+        self("cuStreamWaitValue32", ctypes.c_void_p(stream), ctypes.c_ulonglong(address), ctypes.c_uint32(value),
+             WAIT_GEQ)
+
+    def write(self, stream: int, address: int, value: int) -> None:
+        self("cuStreamWriteValue32", ctypes.c_void_p(stream), ctypes.c_ulonglong(address), ctypes.c_uint32(value), 0)
+
+
+def tensor_at(address: int, shape: tuple[int, ...], torch_dtype: object) -> object:
+    """A torch view of device memory this process mapped itself (no allocator owns it)."""
+    import torch
+
+    typestr = {torch.bfloat16: "<i2", torch.int32: "<i4"}[torch_dtype]  # bf16 has no typestr
+
+    interface = {"shape": shape, "typestr": typestr, "data": (address, False), "version": 3, "strides": None}
+    view = torch.as_tensor(types.SimpleNamespace(__cuda_array_interface__=interface), device="cuda")
+    return view.view(torch_dtype) if torch_dtype is torch.bfloat16 else view
+
+
+def layout(size: int) -> dict[str, int]:
+    """Offsets in the shared allocation: flags, then A, B and C of `size`² bf16 each."""
+    matrix = max(size, 1) ** 2 * 2
+    return {"flags": 0, "a": FLAG_BYTES, "b": FLAG_BYTES + matrix, "c": FLAG_BYTES + 2 * matrix,
+            "bytes": FLAG_BYTES + 3 * matrix}
+
+
+def median_us(samples_ms: list[float]) -> float:
+    return statistics.median(samples_ms) * 1000
+
+
+def spread(samples_ms: list[float]) -> float:
+    q = statistics.quantiles(samples_ms, n=10)
+    return (q[-1] - q[0]) / statistics.median(samples_ms)
+
+
+# ---- the runner: a child process, sandboxed as the grader's runner is ----
+
+def runner(args: argparse.Namespace) -> None:
+    """Map the judge's allocation, then for each line the judge sends ("size early seq0"), queue CALLS calls that
+    each wait on `ready`, matmul and write `done`, timing each with its own events as today's runner does."""
+    import torch
+
+    torch.cuda.init()
+    driver = Driver()
+    device = torch.cuda.current_device()
+    report = {"pid": os.getpid(), "uid": os.getuid()}
+    try:  # 1. a legacy IPC event handle from the judge, across the PID namespace
+        torch.cuda.Event.from_ipc_handle(device, bytes.fromhex(args.event_handle)).query()
+        report["ipc_event"] = "opened"
+    except Exception as error:  # the experiment records what the driver says
+        report["ipc_event"] = f"refused: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    try:
+        base = driver.map(driver.import_fd(args.fd), args.bytes, device)
+    except RuntimeError as error:
+        print(json.dumps({**report, "import": str(error)}), flush=True)
+        return
+    print(json.dumps({**report, "import": "mapped"}), flush=True)
+    stream = torch.cuda.Stream()
+    for line in sys.stdin:
+        size, early, seq = map(int, line.split())
+        where = layout(size)
+        a, b, c = (tensor_at(base + where[k], (size, size), torch.bfloat16) for k in "abc") if size else (None,) * 3
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(CALLS)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(CALLS)]
+        with torch.cuda.stream(stream):
+            for i in range(CALLS):
+                driver.wait(stream.cuda_stream, base + 0, seq + i)
+                starts[i].record()
+                if early:
+                    driver.write(stream.cuda_stream, base + 4, seq + i)
+                if size:
+                    torch.matmul(a, b, out=c)
+                ends[i].record()
+                if not early:
+                    driver.write(stream.cuda_stream, base + 4, seq + i)
+        print("queued", flush=True)
+        stream.synchronize()
+        print(json.dumps([s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]), flush=True)
+
+
+# ---- the judge ----
+
+def judge(args: argparse.Namespace) -> dict[str, object]:
+    import torch
+
+    torch.manual_seed(0)
+    device = torch.cuda.current_device()
+    driver = Driver()
+    biggest = layout(max(SIZES))["bytes"]
+    size_bytes = driver.granular(biggest, device)
+    handle, fd = driver.create_exported(size_bytes, device)
+    base = driver.map(handle, size_bytes, device)
+    flags = tensor_at(base, (FLAG_BYTES // 4,), torch.int32)
+    flags.zero_()
+    event = torch.cuda.Event(interprocess=True)
+    event.record()
+    torch.cuda.synchronize()
+    command = [sys.executable, str(Path(__file__).resolve()), "--runner", "--fd", str(fd), "--bytes", str(size_bytes),
+               "--event-handle", event.ipc_handle().hex()]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    if args.unsandboxed:
+        child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                                 pass_fds=(fd,))
+        sandbox, confined = "none", None
+    else:
+        from kernelboard.eval.jail import make_jail, start
+
+        jail = make_jail(sandboxed=True, device="cuda", hide=[])
+        scratch = Path(args.work)
+        scratch.mkdir(parents=True, exist_ok=True)
+        confined = start(jail, command, writable=[scratch], cwd=scratch, env=env, device="cuda",
+                         owner="cross-process-timing", readable=[Path(__file__).resolve().parent],
+                         pass_fds=(fd,), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        child, sandbox = confined.proc, confined.description
+    try:  # the runner goes with the judge, whatever ends it (unsandboxed, nothing else would stop it)
+        line = child.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the runner ended before it reported (exit {child.wait(timeout=30)})")
+        hello = json.loads(line)
+        result: dict[str, object] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                     "sandbox": sandbox, "runner": hello, "sizes": []}
+        print(json.dumps(hello), flush=True)
+        if hello.get("import") != "mapped":
+            child.kill()
+            return result
+        stream = torch.cuda.Stream()
+        seq = 1
+        for size, early in [(s, 0) for s in SIZES] + [(max(SIZES), 1), (1024, 1)]:
+            where = layout(size)
+            pool = [torch.randn(size, size, device="cuda", dtype=torch.bfloat16) for _ in range(2 * POOL * bool(size))]
+            a, b, c = (tensor_at(base + where[k], (size, size), torch.bfloat16) for k in "abc") if size else (None,) * 3
+            truth = []  # the same matmul on the judge's own tensors, its own events: the call's real time
+            if size:
+                own = torch.empty_like(pool[0])
+                for i in range(CALLS):
+                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    s.record()
+                    torch.matmul(pool[i % POOL], pool[POOL + i % POOL], out=own)
+                    e.record()
+                    truth.append((s, e))
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(CALLS)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(CALLS)]
+            copies = [torch.empty_like(pool[0]) for _ in range(CALLS)] if size else []
+            t0 = time.monotonic()  # the runner queues first: a stream takes ~1k pending operations, then its host waits
+            child.stdin.write(f"{size} {early} {seq}\n")
+            child.stdin.flush()
+            stream.wait_stream(torch.cuda.current_stream())  # the pool and the copies are the default stream's
+            with torch.cuda.stream(stream):
+                for i in range(CALLS):
+                    if size:
+                        a.copy_(pool[i % POOL])
+                        b.copy_(pool[POOL + i % POOL])
+                    starts[i].record()
+                    driver.write(stream.cuda_stream, base + 0, seq + i)
+                    driver.wait(stream.cuda_stream, base + 4, seq + i)
+                    ends[i].record()
+                    if size:
+                        copies[i].copy_(c)
+            if child.stdout.readline().strip() != "queued":
+                raise RuntimeError("the runner stopped before queueing its calls")
+            while not ends[-1].query():  # a handshake that never completes stalls here, not forever
+                if time.monotonic() - t0 > args.stall_s:
+                    flags[1].fill_(seq + CALLS)  # release the judge's waits from another stream
+                    raise RuntimeError(f"stalled: size {size}, early {early}")
+                time.sleep(0.001)
+            torch.cuda.synchronize()
+            runner_ms = json.loads(child.stdout.readline())
+            judge_ms = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+            row: dict[str, object] = {"size": size, "early_done": bool(early), "calls": CALLS,
+                                      "judge_us": median_us(judge_ms), "judge_spread": spread(judge_ms),
+                                      "runner_us": median_us(runner_ms), "runner_spread": spread(runner_ms)}
+            if size:
+                truth_ms = [s.elapsed_time(e) for s, e in truth]
+                row |= {"truth_us": median_us(truth_ms), "truth_spread": spread(truth_ms)}
+                wrong = 0
+                for i, copy in enumerate(copies):
+                    expected = torch.matmul(pool[i % POOL], pool[POOL + i % POOL])
+                    wrong += int(not torch.allclose(copy.float(), expected.float(), rtol=2e-2, atol=2e-2))
+                row["copies_wrong"] = wrong
+            result["sizes"].append(row)
+            print(json.dumps(row), flush=True)
+            seq += CALLS
+        child.stdin.close()
+        child.wait(timeout=30)
+        return result
+    finally:
+        if child.poll() is None:
+            child.kill()
+        if confined is not None:
+            confined.release()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--unsandboxed", action="store_true")
+    parser.add_argument("--work", default="/tmp/kb-cross-process", help="the runner's scratch folder")
+    parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--stall-s", type=float, default=15.0)
+    parser.add_argument("--runner", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--bytes", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--event-handle", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.runner:
+        runner(args)
+        return
+    result = judge(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    for row in result["sizes"]:
+        print(f"{row['size']:>5}{' early' if row['early_done'] else '      '}  judge {row['judge_us']:9.1f} us"
+              f" ({row['judge_spread']:.1%})  runner {row['runner_us']:9.1f} us"
+              + (f"  truth {row['truth_us']:9.1f} us  copies wrong {row['copies_wrong']}/{CALLS}"
+                 if "truth_us" in row else ""))
+
+
+if __name__ == "__main__":
+    main()
