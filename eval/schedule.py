@@ -582,22 +582,23 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
                 baselines[problem.name] = ensure_baselines(opts, gpu, problem, env, scratch)
         builds = BuildQueue(queue, gradeable, held, depth,
                             lambda nsub, nproblem: _prebuild(opts, gpu, nproblem, nsub, env, scratch, cell))
+        def why_late(sub: Submission) -> str | None:
+            return (too_late(held.get(sub.run_id), opts.stop_at)
+                    or no_time_for(sub.problem, quickest.get(sub.problem), opts.stop_at, gpu))
+
         try:
             while builds.pending:
+                for sub, late in builds.drop_late(why_late):  # before their builds end: none is waited for
+                    progress.console.print(f"  {sub.run_id}: not started: {late}")
+                    progress.advance(task)
+                if not builds.pending:
+                    break
                 taken = builds.take(opts.build_timeout_s)
                 if taken is None:  # every run that may go next is still building
                     progress.update(task, description=f"waiting for the builds of {', '.join(builds.running())}")
                     time.sleep(0.25)
                     continue
                 sub, problem, ahead_of, build = taken
-                late = (too_late(held.get(sub.run_id), opts.stop_at)
-                        or no_time_for(sub.problem, quickest.get(sub.problem), opts.stop_at, gpu))
-                if late is not None:
-                    progress.console.print(f"  {sub.run_id}: not started: {late}")
-                    if build is not None:
-                        finish_prebuild(build, 0)
-                    progress.advance(task)
-                    continue
                 if ahead_of:
                     progress.console.print(f"  {sub.run_id}: graded ahead of {ahead_of}, whose build is still "
                                            f"running")
@@ -615,6 +616,8 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
                                                                 {sub.run_id: sub.solution_sha256()}))
                 score = f" {row['speedup_vs_compile']:.2f}× vs compile" if row["speedup_vs_compile"] else ""
                 progress.console.print(f"  {sub.run_id}: {row['status']}{score} — {row['message']}")
+                if row["status"] == "pass" and row["grade_seconds"] is not None:
+                    quickest[sub.problem] = with_pass(quickest.get(sub.problem), row["grade_seconds"], gpu)
                 rows.append(row)
                 progress.advance(task)
         finally:
@@ -656,6 +659,15 @@ def quickest_passes(out: Path, gpu: str) -> dict[str, QuickestPass]:
             if known is None or (known.gpu != gpu and seconds < known.seconds):
                 quickest[problem] = QuickestPass(seconds, folder)
     return quickest
+
+
+def with_pass(known: QuickestPass | None, seconds: float, gpu: str) -> QuickestPass:
+    """The quickest pass once this batch has graded a pass of `seconds` on `gpu`: it replaces another GPU's
+    stand-in, or a slower pass here. An H100 call of 2026-12-07 still timed 01 by the H200's 27 s after four
+    passes of 45–101 s there, so it would have started a run with 30 s left."""
+    if known is None or known.gpu != gpu or seconds < known.seconds:
+        return QuickestPass(seconds, gpu)
+    return known
 
 
 def _quickest_in(out: Path, gpu: str) -> dict[str, float]:
@@ -739,6 +751,24 @@ class BuildQueue:
         build = self.prebuilds.pop(sub.run_id, None)
         self.start_builds()  # the next one's, while this one grades
         return sub, problem, ahead_of, build
+
+    def drop_late(self, why_late: Callable[[Submission], str | None]) -> list[tuple[Submission, str]]:
+        """Take out of the queue every run `why_late` gives a reason not to start, ending its build: the batch
+        neither waits for a build nor grades a run whose end it would cut. An H100 call of 2026-12-07 said
+        "not started" of 17 runs one by one as their builds ended, and was still waiting for builds when its
+        deadline's interrupt came ("Aborted!")."""
+        dropped, kept = [], []
+        for sub, problem in self.pending:
+            why = why_late(sub)
+            if why is None:
+                kept.append((sub, problem))
+                continue
+            build = self.prebuilds.pop(sub.run_id, None)
+            if build is not None:
+                finish_prebuild(build, 0)
+            dropped.append((sub, why))
+        self.pending = kept
+        return dropped
 
     def running(self) -> list[str]:
         return [run_id for run_id, build in self.prebuilds.items() if build.proc.poll() is None]

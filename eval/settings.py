@@ -343,6 +343,9 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: 0.5.23: the log says the moment a process's output passes LOG_HEAD_BYTES (a worker killed at a phase's
 #: timeout writes no count or tail); a batch cut off while measuring baselines keeps the rows it finished (the
 #: baseline worker checkpoints after each row), and the next measures the rest. Verdicts unchanged.
+#: 0.5.24: with --stop-at, a run that could not finish is taken out of the queue at once, its build ended (the
+#: batch waited for such builds until its deadline), and a pass the batch grades updates its problem's quickest
+#: pass (another GPU's stood in all batch long). Scheduling only: verdicts unchanged.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 #: Passes an earlier grader gave under a looser check than the current one, as (the first grader with the

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -218,6 +219,39 @@ def test_a_held_runs_ended_build_does_not_stop_the_builds_behind_it() -> None:
     ended["b"] = True
     sub, _, ahead_of, build = builds.take(600.0)  # type: ignore[misc]
     assert (sub.run_id, ahead_of, build is not None) == ("b", "a", True) and started == ["h1", "a", "b", "c"]
+
+
+def test_runs_too_late_to_start_leave_the_queue_before_their_builds_end() -> None:
+    """Where the batch cannot finish a run, it is taken out at once, its build ended: the batch does not wait
+    for that build only to say "not started" (an H100 call of 2026-12-07 waited so until its deadline)."""
+    from kernelboard.eval.schedule import BuildQueue
+
+    killed: list[str] = []
+    started: list[str] = []
+
+    def start(sub: Any, problem: Any) -> Any:
+        started.append(sub.run_id)
+        return SimpleNamespace(run_id=sub.run_id, proc=SimpleNamespace(poll=lambda: None), started=time.monotonic())
+
+    queue = [(SimpleNamespace(run_id=r, problem=p), object()) for r, p in (("a", "01"), ("b", "06"), ("c", "01"))]
+    builds = BuildQueue(queue, {"a", "b", "c"}, set(), 2, start)  # type: ignore[arg-type]
+    assert builds.take(600.0) is None and started == ["a", "b"]  # both still building
+    with mock.patch("kernelboard.eval.schedule.finish_prebuild", lambda build, wait: killed.append(build.run_id)):
+        dropped = builds.drop_late(lambda sub: "06 takes longer than is left" if sub.problem == "06" else None)
+    assert [(sub.run_id, why) for sub, why in dropped] == [("b", "06 takes longer than is left")]
+    assert killed == ["b"] and [sub.run_id for sub, _ in builds.pending] == ["a", "c"]
+    assert "b" not in builds.prebuilds and builds.take(600.0) is None and started == ["a", "b", "c"]  # c builds
+    assert builds.drop_late(lambda sub: None) == [] and len(builds.pending) == 2
+
+
+def test_a_pass_graded_here_replaces_another_gpus_stand_in_and_only_a_quicker_one_replaces_it() -> None:
+    from kernelboard.eval.schedule import QuickestPass, with_pass
+
+    assert with_pass(None, 52.5, "h100-sxm") == QuickestPass(52.5, "h100-sxm")
+    # the H200's 27 s stood in for 01 on the H100 until the first pass there (45–101 s on 2026-12-07)
+    assert with_pass(QuickestPass(27.0, "h200"), 52.5, "h100-sxm") == QuickestPass(52.5, "h100-sxm")
+    assert with_pass(QuickestPass(52.5, "h100-sxm"), 101.2, "h100-sxm") == QuickestPass(52.5, "h100-sxm")
+    assert with_pass(QuickestPass(52.5, "h100-sxm"), 45.3, "h100-sxm") == QuickestPass(45.3, "h100-sxm")
 
 
 def test_the_build_window_is_the_queue_head_with_held_runs_built_early() -> None:
