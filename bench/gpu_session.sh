@@ -15,6 +15,7 @@
 #   EVAL_ARGS='…' more `kernelboard eval` options (say --check-timeout 1500 --timeout 2400 for a kernel
 #               whose first call compiles for minutes)
 #   BENCH=1     bench/gpu_grading.py on GPU 0 (LOAD busy processes)
+#   XPT=1       bench/cross_process_timing.py, sandboxed and not (a judge-side span of a runner's call; ~25 s)
 #   TRITON_AHEAD='glob'  archives of `kernelboard eval compile-ahead` (Triton kernels compiled on a CPU host
 #               for sm_90), unpacked into the grader's cache root first where `kernelboard eval check-ahead`
 #               finds their cache keys can match (same Python ABI and Triton build): each grading's log then
@@ -83,6 +84,14 @@ if [ -n "${BENCH:-}" ]; then
   echo "== bench ($(left) s left)"
   timeout -s INT "$(left)" .venv-eval/bin/python bench/gpu_grading.py --gpus 0 --cpu-load "${LOAD:-4}" \
     --work $WORK/bench --json "$OUT/bench.json" 2>&1 | tail -80
+fi
+
+if [ -n "${XPT:-}" ]; then
+  echo "== cross-process timing ($(left) s left)"
+  for mode in --unsandboxed ""; do
+    timeout -k 5 -s INT 60 .venv-eval/bin/python bench/cross_process_timing.py $mode --work $WORK/xpt \
+      --json "$OUT/xpt${mode:---sandboxed}.json" 2>&1 | tail -9
+  done
 fi
 
 if [ -n "${IDS:-}" ]; then
