@@ -171,7 +171,7 @@ def test_the_problem_page_says_compile_is_not_the_strongest(variant: tuple[SiteI
     cell = cells[col - 1]  # the row header (th) is not a td
     assert "headline-beaten" in cell.get("class") and "torch.compile beaten on 5/5" in text(cell)
     assert text(cell).startswith(f"{over_fastest:.2f}×") and f"{over_compile:.2f}×" in text(cells[col - 3])
-    baselines = page.findall(f".//section[@id='gpu-{GPU}']//table[@class='data']")[-1]
+    baselines = page.findall(f".//section[@id='gpu-{GPU}']//table[@class='data baselines']")[-1]
     rows = baselines.findall("./tbody/tr")
     assert all(tr.get("class") == "headline-beaten" for tr in rows)
     fastest = [text(tr.findall("td")[-1]) for tr in rows]

@@ -66,7 +66,7 @@ def test_the_problem_page_tables_launches_per_step_for_each_best_run(committed_s
     seen = 0
     for section in page.iter("section"):
         gpu = (section.get("id") or "").removeprefix("gpu-")
-        table = section.find(".//table[@class='data submissions']")
+        table = section.find(".//table[@class='data submissions stateful']")
         if table is None or not gpu:
             continue
         head = [text(th) for th in table.find("thead").iter("th")]
