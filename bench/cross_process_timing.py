@@ -324,6 +324,10 @@ def main() -> None:
     if args.runner:
         runner(args)
         return
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("cross_process_timing: needs a CUDA GPU, and torch sees none")
     result = judge(args)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
