@@ -40,7 +40,8 @@ from pathlib import Path
 
 SIZES = (0, 256, 1024, 2048, 4096)  # 0: a null call (the handshake alone)
 CALLS = 100
-FLAG_BYTES = 256  # the ready word at 0, the done word at 4
+FLAG_BYTES = 256  # the words the two streams wait on, then the matrices
+READY, DONE = 0, 4  # the offsets of the judge's and the runner's words
 POOL = 3  # input sets the judge rotates, as a Feed does
 
 
@@ -137,11 +138,19 @@ def tensor_at(address: int, shape: tuple[int, ...], torch_dtype: object) -> obje
     return view.view(torch_dtype) if torch_dtype is torch.bfloat16 else view
 
 
-def layout(size: int) -> dict[str, int]:
-    """Offsets in the shared allocation: flags, then A, B and C of `size`² bf16 each."""
-    matrix = max(size, 1) ** 2 * 2
-    return {"flags": 0, "a": FLAG_BYTES, "b": FLAG_BYTES + matrix, "c": FLAG_BYTES + 2 * matrix,
-            "bytes": FLAG_BYTES + 3 * matrix}
+def allocation_bytes(size: int) -> int:
+    """The shared allocation's bytes for matrices of `size`²: the flags, then A, B and C in bf16."""
+    return FLAG_BYTES + 3 * size * size * 2
+
+
+def matrices(base: int, size: int) -> tuple[object, object, object] | tuple[None, None, None]:
+    """A, B and C of `size`² bf16 in the shared allocation at `base` (None for a null call, size 0)."""
+    import torch
+
+    if not size:
+        return None, None, None
+    a, b, c = (tensor_at(base + FLAG_BYTES + k * size * size * 2, (size, size), torch.bfloat16) for k in range(3))
+    return a, b, c
 
 
 def median_us(samples_ms: list[float]) -> float:
@@ -178,21 +187,20 @@ def runner(args: argparse.Namespace) -> None:
     stream = torch.cuda.Stream()
     for line in sys.stdin:
         size, early, seq = map(int, line.split())
-        where = layout(size)
-        a, b, c = (tensor_at(base + where[k], (size, size), torch.bfloat16) for k in "abc") if size else (None,) * 3
+        a, b, c = matrices(base, size)
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(CALLS)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(CALLS)]
         with torch.cuda.stream(stream):
             for i in range(CALLS):
-                driver.wait(stream.cuda_stream, base + 0, seq + i)
+                driver.wait(stream.cuda_stream, base + READY, seq + i)
                 starts[i].record()
                 if early:
-                    driver.write(stream.cuda_stream, base + 4, seq + i)
+                    driver.write(stream.cuda_stream, base + DONE, seq + i)
                 if size:
                     torch.matmul(a, b, out=c)
                 ends[i].record()
                 if not early:
-                    driver.write(stream.cuda_stream, base + 4, seq + i)
+                    driver.write(stream.cuda_stream, base + DONE, seq + i)
         print("queued", flush=True)
         stream.synchronize()
         print(json.dumps([s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]), flush=True)
@@ -200,18 +208,74 @@ def runner(args: argparse.Namespace) -> None:
 
 # ---- the judge ----
 
+def measure(args: argparse.Namespace, child: subprocess.Popen[str], driver: Driver, base: int, stream: object,
+            size: int, early: int, seq: int) -> dict[str, object]:
+    """One row: CALLS handshakes of the runner's matmul of `size`² (numbered from `seq`), the judge's span of
+    each, the runner's own events, the same matmul timed in the judge's process, and the copies it checks."""
+    import torch
+
+    flags = tensor_at(base, (FLAG_BYTES // 4,), torch.int32)
+    pool = [torch.randn(size, size, device="cuda", dtype=torch.bfloat16) for _ in range(2 * POOL * bool(size))]
+    a, b, c = matrices(base, size)
+    truth = []  # the same matmul on the judge's own tensors, its own events: the call's real time
+    if size:
+        own = torch.empty_like(pool[0])
+        for i in range(CALLS):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            torch.matmul(pool[i % POOL], pool[POOL + i % POOL], out=own)
+            e.record()
+            truth.append((s, e))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(CALLS)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(CALLS)]
+    copies = [torch.empty_like(pool[0]) for _ in range(CALLS)] if size else []
+    t0 = time.monotonic()  # the runner queues first: a stream takes ~1k pending operations, then its host waits
+    child.stdin.write(f"{size} {early} {seq}\n")
+    child.stdin.flush()
+    stream.wait_stream(torch.cuda.current_stream())  # the pool and the copies are the default stream's
+    with torch.cuda.stream(stream):
+        for i in range(CALLS):
+            if size:
+                a.copy_(pool[i % POOL])
+                b.copy_(pool[POOL + i % POOL])
+            starts[i].record()
+            driver.write(stream.cuda_stream, base + READY, seq + i)
+            driver.wait(stream.cuda_stream, base + DONE, seq + i)
+            ends[i].record()
+            if size:
+                copies[i].copy_(c)
+    if child.stdout.readline().strip() != "queued":
+        raise RuntimeError("the runner stopped before queueing its calls")
+    while not ends[-1].query():  # a handshake that never completes stalls here, not forever
+        if time.monotonic() - t0 > args.stall_s:
+            flags[DONE // 4].fill_(seq + CALLS)  # release the judge's waits from another stream
+            raise RuntimeError(f"stalled: size {size}, early {early}")
+        time.sleep(0.001)
+    torch.cuda.synchronize()
+    runner_ms = json.loads(child.stdout.readline())
+    judge_ms = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+    row: dict[str, object] = {"size": size, "early_done": bool(early), "calls": CALLS,
+                              "judge_us": median_us(judge_ms), "judge_spread": spread(judge_ms),
+                              "runner_us": median_us(runner_ms), "runner_spread": spread(runner_ms)}
+    if size:
+        truth_ms = [s.elapsed_time(e) for s, e in truth]
+        row |= {"truth_us": median_us(truth_ms), "truth_spread": spread(truth_ms)}
+        row["copies_wrong"] = sum(
+            not torch.allclose(copy.float(), torch.matmul(pool[i % POOL], pool[POOL + i % POOL]).float(),
+                               rtol=2e-2, atol=2e-2) for i, copy in enumerate(copies))
+    return row
+
+
 def judge(args: argparse.Namespace) -> dict[str, object]:
     import torch
 
     torch.manual_seed(0)
     device = torch.cuda.current_device()
     driver = Driver()
-    biggest = layout(max(SIZES))["bytes"]
-    size_bytes = driver.granular(biggest, device)
+    size_bytes = driver.granular(allocation_bytes(max(SIZES)), device)
     handle, fd = driver.create_exported(size_bytes, device)
     base = driver.map(handle, size_bytes, device)
-    flags = tensor_at(base, (FLAG_BYTES // 4,), torch.int32)
-    flags.zero_()
+    tensor_at(base, (FLAG_BYTES // 4,), torch.int32).zero_()
     event = torch.cuda.Event(interprocess=True)
     event.record()
     torch.cuda.synchronize()
@@ -244,62 +308,10 @@ def judge(args: argparse.Namespace) -> dict[str, object]:
             child.kill()
             return result
         stream = torch.cuda.Stream()
-        seq = 1
-        for size, early in [(s, 0) for s in SIZES] + [(max(SIZES), 1), (1024, 1)]:
-            where = layout(size)
-            pool = [torch.randn(size, size, device="cuda", dtype=torch.bfloat16) for _ in range(2 * POOL * bool(size))]
-            a, b, c = (tensor_at(base + where[k], (size, size), torch.bfloat16) for k in "abc") if size else (None,) * 3
-            truth = []  # the same matmul on the judge's own tensors, its own events: the call's real time
-            if size:
-                own = torch.empty_like(pool[0])
-                for i in range(CALLS):
-                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    s.record()
-                    torch.matmul(pool[i % POOL], pool[POOL + i % POOL], out=own)
-                    e.record()
-                    truth.append((s, e))
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(CALLS)]
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(CALLS)]
-            copies = [torch.empty_like(pool[0]) for _ in range(CALLS)] if size else []
-            t0 = time.monotonic()  # the runner queues first: a stream takes ~1k pending operations, then its host waits
-            child.stdin.write(f"{size} {early} {seq}\n")
-            child.stdin.flush()
-            stream.wait_stream(torch.cuda.current_stream())  # the pool and the copies are the default stream's
-            with torch.cuda.stream(stream):
-                for i in range(CALLS):
-                    if size:
-                        a.copy_(pool[i % POOL])
-                        b.copy_(pool[POOL + i % POOL])
-                    starts[i].record()
-                    driver.write(stream.cuda_stream, base + 0, seq + i)
-                    driver.wait(stream.cuda_stream, base + 4, seq + i)
-                    ends[i].record()
-                    if size:
-                        copies[i].copy_(c)
-            if child.stdout.readline().strip() != "queued":
-                raise RuntimeError("the runner stopped before queueing its calls")
-            while not ends[-1].query():  # a handshake that never completes stalls here, not forever
-                if time.monotonic() - t0 > args.stall_s:
-                    flags[1].fill_(seq + CALLS)  # release the judge's waits from another stream
-                    raise RuntimeError(f"stalled: size {size}, early {early}")
-                time.sleep(0.001)
-            torch.cuda.synchronize()
-            runner_ms = json.loads(child.stdout.readline())
-            judge_ms = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
-            row: dict[str, object] = {"size": size, "early_done": bool(early), "calls": CALLS,
-                                      "judge_us": median_us(judge_ms), "judge_spread": spread(judge_ms),
-                                      "runner_us": median_us(runner_ms), "runner_spread": spread(runner_ms)}
-            if size:
-                truth_ms = [s.elapsed_time(e) for s, e in truth]
-                row |= {"truth_us": median_us(truth_ms), "truth_spread": spread(truth_ms)}
-                wrong = 0
-                for i, copy in enumerate(copies):
-                    expected = torch.matmul(pool[i % POOL], pool[POOL + i % POOL])
-                    wrong += int(not torch.allclose(copy.float(), expected.float(), rtol=2e-2, atol=2e-2))
-                row["copies_wrong"] = wrong
+        for n, (size, early) in enumerate([(s, 0) for s in SIZES] + [(max(SIZES), 1), (1024, 1)]):
+            row = measure(args, child, driver, base, stream, size, early, 1 + n * CALLS)
             result["sizes"].append(row)
             print(json.dumps(row), flush=True)
-            seq += CALLS
         child.stdin.close()
         child.wait(timeout=30)
         return result
