@@ -29,6 +29,7 @@ runner can still lie about is listed in runner.py. `baselines()` times the refer
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import json
@@ -84,10 +85,12 @@ from .settings import (
     PROOF_RETRIES,
     PROOF_RETRY_STRETCH,
     TIMING_POOL_SETS,
+    WITNESS_TRIES,
     proof_shape,
 )
 from .stateful import FunctionStep, StepAdapter, clone_flat
 from .timing import TimeStats, batch_problem, floor_ms, retry_passes, summarize, time_cpu, time_cuda
+from .witness import JudgeWitness, witness_problem, witness_ratio
 
 #: When this worker started, for the log's stamps: set by `start_clock` as the worker's `main` begins. At
 #: import time it is only a default, since a judge forked from the zygote imported this module long before.
@@ -664,14 +667,34 @@ def _floor(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, device: 
     return floor_ms(floors, PROOF_DISPATCH_MS[device])
 
 
-def _timed(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, switches: Switches,
+def _timed(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, switches: Switches, device: str,
            cover: bool) -> tuple[TimeStats, dict[str, float] | None]:
     """The runner's timed loop of one shape, its statistic recomputed here from the raw samples and
     every timed output checked; with `cover`, how the covered loop went (None where the runner
-    timed it uncovered: more than COVER_UNCOVERED_SHARE of its calls outlasted the cover)."""
+    timed it uncovered: more than COVER_UNCOVERED_SHARE of its calls outlasted the cover). On the
+    CPU each timed call is inside the judge's witness (eval/witness.py): a loop its samples cannot
+    be true of is timed again, WITNESS_TRIES loops in all, and refused if none passes."""
     where = f"shape {plan.shape.idx}"
-    reply = link.ask("time", f"{where}: timing{'' if cover else ' (uncovered)'}", shape=k, cover=cover)
-    stats = summarize(reply.samples("samples_ms", at_least=2), reply.number("wall_ms"))
+    tries = WITNESS_TRIES if device == "cpu" else 1
+    for attempt in range(1, tries + 1):
+        with JudgeWitness() if device == "cpu" else contextlib.nullcontext() as witness:
+            reply = link.ask("time", f"{where}: timing{'' if cover else ' (uncovered)'}", shape=k, cover=cover,
+                             fds=() if witness is None else witness.runner_fds())
+        samples = reply.samples("samples_ms", at_least=2)
+        if witness is None:
+            break
+        forged = (f"the runner broke the judge's witness: {witness.fault}" if witness.fault
+                  else witness_problem(samples, witness.spans_ms, device))
+        if not forged:
+            if witness.spans_ms:
+                log("worker", f"{where}: the judge's clock around the {len(witness.spans_ms)} timed calls: "
+                              f"{statistics.median(witness.spans_ms):.4f} ms a call (median), the runner's samples "
+                              f"{witness_ratio(samples, witness.spans_ms, device):.2f} of each span less the handshake")
+            break
+        if attempt == tries:
+            raise Failure("integrity_violation", f"{where}: {forged}")
+        log("worker", f"{where}: {forged}; timed again ({attempt + 1} of {tries})")
+    stats = summarize(samples, reply.number("wall_ms"))
     switches.note(reply, f"while timing shape {plan.shape.idx}")
     pool = len(plan.timing_refs)
     runner_ups = _runner_ups(problem, plan, plan.timing_inputs, plan.timing_refs)
@@ -692,7 +715,7 @@ def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, swi
     """Time one shape in the runner; statistics, output checks, the judge's floor and (on a GPU)
     the audit rules here. Returns the stats and the extra per-shape fields of the GPU audits."""
     where = f"shape {plan.shape.idx}"
-    stats, cover = _timed(link, problem, plan, k, switches, cover=device == "cuda")
+    stats, cover = _timed(link, problem, plan, k, switches, device, cover=device == "cuda")
     if cover is not None:
         log("worker", f"{where}: covered loop: GPU span {cover['gpu_ms']:.4f} ms, dispatch {cover['dispatch_ms']:.4f} "
                       f"ms, sleep {cover['sleep_ms']:.4f} ms (medians), the samples' floor {cover['floor_ms']:.4f} ms "
@@ -715,7 +738,7 @@ def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, swi
     hidden = None if cover is None else audit.cover_hid_work(host_ms, cover["gpu_ms"], cover["dispatch_ms"], idle_ms)
     if hidden:
         log("worker", f"{where}: {hidden}; timed again with the GPU idle before each call")
-        stats, cover = _timed(link, problem, plan, k, switches, cover=False)
+        stats, cover = _timed(link, problem, plan, k, switches, device, cover=False)
     escaped = audit.escaped_work(residue_ms, stats.median_ms)
     if escaped:
         raise Failure("integrity_violation", f"{where}: {escaped}")

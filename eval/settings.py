@@ -141,6 +141,17 @@ def proof_shape(median_ms: float, sets: int) -> tuple[int, int]:
 #: gradings had every batch of one shape below 0.7, and were refused under 0.7), a runner whose
 #: event timer halves every interval covered 0.38.
 PROOF_CLAIM_FACTOR = 0.6
+#: The judge's witness of the CPU's timed loop (eval/witness.py): the runner's sample of a call must
+#: be at least WITNESS_FACTOR of the judge's span around it less WITNESS_HANDSHAKE_MS (the median
+#: over calls), judged where the judge's median span is at least WITNESS_MIN_SPAN_MS. A clock halved
+#: inside the timed loop reads 0.5; an honest one reads about 1, less where a loaded host delays the
+#: wake-ups. Measured on the 2-core CI machine (tests/test_redteam_judge.py, 2026-12-07): honest loops
+#: 0.82–0.94 at spans of 0.17–1.0 ms, but 0.47–0.71 at ~0.1 ms, where the wake-ups are half a span;
+#: the halved clock 0.45–0.47. WITNESS_TRIES loops are witnessed before a refusal.
+WITNESS_FACTOR = 0.6
+WITNESS_HANDSHAKE_MS = {"cpu": 0.05}
+WITNESS_MIN_SPAN_MS = 0.25
+WITNESS_TRIES = 2
 #: Milliseconds of busy work that lift the GPU from idle clocks before anything is measured.
 SPIN_UP_MS = 200.0
 
@@ -346,6 +357,9 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: 0.5.24: with --stop-at, a run that could not finish is taken out of the queue at once, its build ended (the
 #: batch waited for such builds until its deadline), and a pass the batch grades updates its problem's quickest
 #: pass (another GPU's stood in all batch long). Scheduling only: verdicts unchanged.
+#: 0.5.25: on the CPU the judge's own clock witnesses every timed call (eval/witness.py), and a loop whose
+#: samples are call for call under WITNESS_FACTOR of its spans is timed again, then refused as an
+#: integrity_violation (a clock lie told only inside the timed loop). GPU gradings unchanged.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 #: Passes an earlier grader gave under a looser check than the current one, as (the first grader with the

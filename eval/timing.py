@@ -92,11 +92,17 @@ probed elements, checked like the timed ones. One rule, and one piece of evidenc
   holds the CPU is inflated where a median is not (an honest 07 reference under another grader's
   load: floor 31 ms, median 3.8 ms). So **a lie told only inside the timed loop, by a candidate
   that recognises the loop, and a cache keyed on a fingerprint of the pool's repeating values,
-  are not refused** by it (tests/test_redteam_judge.py keeps both as known gaps on the CPU); the log
-  shows the floor beside the median for an auditor. On a GPU the parent holds both to the hardware
-  instead (since 0.5.13, scoring.beyond_hardware): a shape timed beyond the datasheet peak for its
-  problem's regime is refused, which a cache serving without the work reaches wherever the work is
-  longer than the host read that keys it.
+  are not refused** by it; the log shows the floor beside the median for an auditor.
+- *the witness* (since grader 0.5.25, the CPU's loop only; eval/witness.py): the judge's own clock
+  around each timed call, through a handshake on two pipes, so the timed loop itself meets a clock
+  the runner cannot reach; a loop whose samples are, call for call, under WITNESS_FACTOR of the
+  judge's spans (less the handshake) is timed again and then refused. That closes the lie told
+  only inside the timed loop on the CPU (tests/test_redteam_judge.py). On a GPU the runner's events
+  time the device, which a host-side span cannot bound, so there the lie stays a known gap
+  (tests/test_timing_cover_sim.py), and the parent holds the figures to the hardware instead
+  (since 0.5.13, scoring.beyond_hardware): a shape timed beyond the datasheet peak for its
+  problem's regime is refused, which a cache serving without the work reaches wherever the work
+  is longer than the host read that keys it. The fingerprint cache stays a known gap on the CPU.
 
 Where a batch's calls are too short to stand out of the allowances (launch-bound shapes), the
 floor says so by being 0. A clock that takes a constant few µs off every call shrinks a batch of
@@ -171,6 +177,19 @@ from .settings import (
 )
 
 Inputs = Sequence[Any]
+
+
+class Witness:
+    """Hooks around each call of the CPU's timed loop, for a clock outside the timing process
+    (`eval.witness`): `before` once the call's inputs are in place, just before the timer reads its
+    clock; `after` once its sample is taken. This base does nothing: the judge's own loops (the
+    baselines, trusted code) are not witnessed."""
+
+    def before(self) -> None:
+        """The call is next; may block until the witness's clock runs."""
+
+    def after(self) -> None:
+        """The call returned and its sample is taken."""
 
 
 class Feed:
@@ -527,9 +546,12 @@ def time_cpu(
     rep_ms: float = CPU_TIMER.rep_ms,
     min_iters: int = CPU_TIMER.min_iters,
     max_iters: int = CPU_TIMER.max_iters,
+    witness: Witness | None = None,
 ) -> tuple[TimeStats, list[Any]]:
     """Time `fn(*inputs)` on the CPU with `perf_counter`, a cache-sized buffer written before
-    each call. CPU timings are labelled `cpu_wall` and never compared with GPU timings."""
+    each call, each timed call inside `witness`'s hooks where one is given. CPU timings are
+    labelled `cpu_wall` and never compared with GPU timings."""
+    witness = witness or Witness()
     feed = _feed(input_sets, feed)
     flush = torch.empty(flush_bytes // 4, dtype=torch.int32)
     start = time.perf_counter()
@@ -548,9 +570,11 @@ def time_cpu(
     for i in range(iters):
         args = feed.next_inputs()
         flush.zero_()
+        witness.before()
         t = time.perf_counter_ns()
         out = fn(*args)
         samples.append((time.perf_counter_ns() - t) / 1e6)
+        witness.after()
         feed.seen(out, iters - 1 - i)
         del out
     wall_ms = (time.perf_counter() - wall0) * 1e3

@@ -302,11 +302,12 @@ def test_right_only_on_the_deck_seeds_fails_the_fresh_ones(graded) -> None:
     _status(graded, "right_only_on_deck_seeds")
 
 
-@pytest.mark.xfail(reason="known gap (eval/timing.py): a lie told only in the timed loop; the judge's floor is "
-                          "logged, not held against the timed median", strict=True)
-def test_a_clock_lie_told_only_in_the_timed_loop(graded) -> None:
+def test_a_clock_lie_told_only_in_the_timed_loop_meets_the_judges_witness(graded) -> None:
+    """The runner's clock halved only while the timer's frame is on the stack: the floor batches see
+    the truth and pass, and the judge's witness around each timed call sees the lie (eval/witness.py)."""
     row = graded["selective_clock_lie"]
     assert row["status"] == SELECTIVE_LIE[1], row["message"]
+    assert "the judge's clock around the same calls" in row["message"], row["message"]
 
 
 def test_hoarding_the_gpu_so_the_judge_runs_out_is_the_kernels_oom(monkeypatch: pytest.MonkeyPatch) -> None:
