@@ -11,9 +11,9 @@ import time
 import pytest
 import torch
 
-from eval import timing
-from eval.settings import WITNESS_FACTOR, WITNESS_HANDSHAKE_MS, WITNESS_MIN_SPAN_MS
-from eval.witness import JudgeWitness, PipeWitness, witness_problem, witness_ratio
+from kernelboard.eval import timing
+from kernelboard.eval.settings import WITNESS_FACTOR, WITNESS_HANDSHAKE_MS, WITNESS_MIN_SPAN_MS
+from kernelboard.eval.witness import JudgeWitness, PipeWitness, witness_problem, witness_ratio
 
 
 def _runner(go_fd: int, mark_fd: int, calls: int, call_s: float, lie: bool, result: multiprocessing.Queue) -> None:
