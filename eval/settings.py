@@ -145,9 +145,10 @@ PROOF_CLAIM_FACTOR = 0.6
 #: be at least WITNESS_FACTOR of the judge's span around it less WITNESS_HANDSHAKE_MS (the median
 #: over calls), judged where the judge's median span is at least WITNESS_MIN_SPAN_MS. A clock halved
 #: inside the timed loop reads 0.5; an honest one reads about 1, less where a loaded host delays the
-#: wake-ups. Measured on the 2-core CI machine (tests/test_redteam_judge.py, 2026-12-07): honest loops
-#: 0.82–0.94 at spans of 0.17–1.0 ms, but 0.47–0.71 at ~0.1 ms, where the wake-ups are half a span;
-#: the halved clock 0.45–0.47. WITNESS_TRIES loops are witnessed before a refusal.
+#: wake-ups. Measured on the 2-core CI machine (2026-12-07): in `make test` (two test processes at
+#: once), 126 honest loops with median spans of 0.25 ms or more read 0.73–1.08; alone, the red-team
+#: suite's honest loops 0.82–0.94 at 0.17–1.0 ms but 0.47–0.71 at ~0.1 ms, where the wake-ups are
+#: half a span; the halved clock 0.45–0.51. WITNESS_TRIES loops are witnessed before a refusal.
 WITNESS_FACTOR = 0.6
 WITNESS_HANDSHAKE_MS = {"cpu": 0.05}
 WITNESS_MIN_SPAN_MS = 0.25
