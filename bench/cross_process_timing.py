@@ -16,7 +16,14 @@ forged there. This measures whether such a span can be had, and at what cost:
 3. per matmul size, the median of three clocks over the same calls: the judge's own events around the same
    matmul in its own process (the truth), the runner's events around its call (today's method), and the
    judge's cross-process span; their difference at a null call is the handshake's own cost;
-4. an "early done" runner that writes `done` before its matmul: how often the judge's copy is then wrong.
+4. an "early done" runner that writes `done` before its matmul: how often the judge's copy is then wrong;
+5. the handshake shaped as the grader's timed loop would use it (`grader_loop`): per call the runner refills
+   its inputs, flushes the L2, synchronises and sleeps (the cover), then its stream writes `arrived` and waits on
+   `ready`, records its events around the matmul and writes `done`, and its host tells the judge the call is
+   queued; only then does the judge queue its side (wait on `arrived`, start event, `ready`, wait on `done`, end
+   event), so the judge's span starts when the runner's stream reaches the call, not when the judge's host
+   queued. Rows: a null call, four sizes, and a runner that reports half its events' time (a lying clock),
+   with the rule's figure: the median over calls of the runner's sample / (the judge's span − the null's median).
 
     python bench/cross_process_timing.py                 # sandboxed as the grader sandboxes (bubblewrap)
     python bench/cross_process_timing.py --unsandboxed   # the same processes without a sandbox
@@ -41,7 +48,9 @@ from pathlib import Path
 SIZES = (0, 256, 1024, 2048, 4096)  # 0: a null call (the handshake alone)
 CALLS = 100
 FLAG_BYTES = 256  # the words the two streams wait on, then the matrices
-READY, DONE = 0, 4  # the offsets of the judge's and the runner's words
+READY, DONE, ARRIVED = 0, 4, 8  # the offsets of the judge's word and the runner's two
+L2_FLUSH_BYTES = 100 << 20  # more than twice an H100's or H200's L2, zeroed before each grader-loop call
+COVER_CYCLES = 100_000  # the grader-loop cover: torch.cuda._sleep cycles (~60 µs)
 POOL = 3  # input sets the judge rotates, as a Feed does
 
 
@@ -186,6 +195,9 @@ def runner(args: argparse.Namespace) -> None:
     print(json.dumps({**report, "import": "mapped"}), flush=True)
     stream = torch.cuda.Stream()
     for line in sys.stdin:
+        if line.startswith("loop "):
+            grader_loop_runner(driver, base, *map(int, line.split()[1:]))
+            continue
         size, early, seq = map(int, line.split())
         a, b, c = matrices(base, size)
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(CALLS)]
@@ -206,7 +218,88 @@ def runner(args: argparse.Namespace) -> None:
         print(json.dumps([s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]), flush=True)
 
 
+def grader_loop_runner(driver: Driver, base: int, size: int, lie: int, seq: int) -> None:
+    """CALLS calls as the grader's covered timed loop makes them, each inside the handshake (module docstring,
+    5), on the current stream as the grader's are; then its samples, halved where it `lie`s."""
+    import torch
+
+    a, b, c = matrices(base, size)
+    pool = [torch.randn(size, size, device="cuda", dtype=torch.bfloat16) for _ in range(2 * POOL * bool(size))]
+    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(CALLS)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(CALLS)]
+    for i in range(CALLS):
+        if size:
+            a.copy_(pool[i % POOL])
+            b.copy_(pool[POOL + i % POOL])
+        flush.zero_()
+        torch.cuda.synchronize()
+        torch.cuda._sleep(COVER_CYCLES)
+        driver.write(stream, base + ARRIVED, seq + i)
+        driver.wait(stream, base + READY, seq + i)
+        starts[i].record()
+        if size:
+            torch.matmul(a, b, out=c)
+        ends[i].record()
+        driver.write(stream, base + DONE, seq + i)
+        print(f"q {seq + i}", flush=True)
+    torch.cuda.synchronize()
+    samples = [s.elapsed_time(e) / (2 if lie else 1) for s, e in zip(starts, ends, strict=True)]
+    print(json.dumps(samples), flush=True)
+
+
 # ---- the judge ----
+
+def grader_loop(args: argparse.Namespace, child: subprocess.Popen[str], driver: Driver, base: int, stream: object,
+                size: int, lie: int, seq: int) -> tuple[list[float], list[float]]:
+    """One grader-shaped row (module docstring, 5): the runner's samples and the judge's spans, per call."""
+    import torch
+
+    flags = tensor_at(base, (FLAG_BYTES // 4,), torch.int32)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(CALLS)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(CALLS)]
+    t0 = time.monotonic()
+    child.stdin.write(f"loop {size} {lie} {seq}\n")
+    child.stdin.flush()
+    for i in range(CALLS):
+        if child.stdout.readline().strip() != f"q {seq + i}":
+            flags[DONE // 4].fill_(seq + CALLS)
+            raise RuntimeError(f"the runner stopped before queueing call {i} (size {size})")
+        with torch.cuda.stream(stream):
+            driver.wait(stream.cuda_stream, base + ARRIVED, seq + i)
+            starts[i].record()
+            driver.write(stream.cuda_stream, base + READY, seq + i)
+            driver.wait(stream.cuda_stream, base + DONE, seq + i)
+            ends[i].record()
+    while not ends[-1].query():
+        if time.monotonic() - t0 > args.stall_s:
+            flags[DONE // 4].fill_(seq + CALLS)
+            raise RuntimeError(f"stalled: grader loop, size {size}")
+        time.sleep(0.001)
+    torch.cuda.synchronize()
+    runner_ms = json.loads(child.stdout.readline())
+    return runner_ms, [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+
+
+def grader_loop_rows(args: argparse.Namespace, child: subprocess.Popen[str], driver: Driver, base: int,
+                     stream: object, seq: int) -> list[dict[str, object]]:
+    """The null call, then each size honest, then the two largest with a lying clock; each row with the rule's
+    ratio against the null's median span."""
+    rows: list[dict[str, object]] = []
+    null_ms = 0.0
+    for n, (size, lie) in enumerate([(s, 0) for s in SIZES] + [(2048, 1), (max(SIZES), 1)]):
+        runner_ms, judge_ms = grader_loop(args, child, driver, base, stream, size, lie, seq + n * CALLS)
+        if not size:
+            null_ms = statistics.median(judge_ms)
+        ratio = statistics.median(r / max(j - null_ms, 1e-9) for r, j in zip(runner_ms, judge_ms, strict=True))
+        rows.append({"size": size, "lying_clock": bool(lie), "calls": CALLS, "judge_us": median_us(judge_ms),
+                     "judge_spread": spread(judge_ms), "runner_us": median_us(runner_ms),
+                     "runner_spread": spread(runner_ms), "judge_less_null_us": median_us(judge_ms) - null_ms * 1000,
+                     "ratio": ratio if size else None})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
 
 def measure(args: argparse.Namespace, child: subprocess.Popen[str], driver: Driver, base: int, stream: object,
             size: int, early: int, seq: int) -> dict[str, object]:
@@ -308,10 +401,12 @@ def judge(args: argparse.Namespace) -> dict[str, object]:
             child.kill()
             return result
         stream = torch.cuda.Stream()
-        for n, (size, early) in enumerate([(s, 0) for s in SIZES] + [(max(SIZES), 1), (1024, 1)]):
+        rows = [(s, 0) for s in SIZES] + [(max(SIZES), 1), (1024, 1)]
+        for n, (size, early) in enumerate(rows):
             row = measure(args, child, driver, base, stream, size, early, 1 + n * CALLS)
             result["sizes"].append(row)
             print(json.dumps(row), flush=True)
+        result["grader_loop"] = grader_loop_rows(args, child, driver, base, stream, 1 + len(rows) * CALLS)
         child.stdin.close()
         child.wait(timeout=30)
         return result
@@ -348,6 +443,10 @@ def main() -> None:
               f" ({row['judge_spread']:.1%})  runner {row['runner_us']:9.1f} us"
               + (f"  truth {row['truth_us']:9.1f} us  copies wrong {row['copies_wrong']}/{CALLS}"
                  if "truth_us" in row else ""))
+    for row in result.get("grader_loop", []):
+        print(f"loop {row['size']:>5}{' lying' if row['lying_clock'] else '      '}  judge {row['judge_us']:9.1f} us"
+              f" ({row['judge_spread']:.1%}), less the null {row['judge_less_null_us']:9.1f} us  runner"
+              f" {row['runner_us']:9.1f} us" + ("" if row["ratio"] is None else f"  ratio {row['ratio']:.2f}"))
 
 
 if __name__ == "__main__":

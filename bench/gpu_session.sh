@@ -15,7 +15,8 @@
 #   EVAL_ARGS='…' more `kernelboard eval` options (say --check-timeout 1500 --timeout 2400 for a kernel
 #               whose first call compiles for minutes)
 #   BENCH=1     bench/gpu_grading.py on GPU 0 (LOAD busy processes)
-#   XPT=1       bench/cross_process_timing.py, sandboxed and not (a judge-side span of a runner's call; ~25 s)
+#   XPT=1       bench/cross_process_timing.py, sandboxed and not (a judge-side span of a runner's call, and one shaped
+#               as the grader's timed loop would use it; ~30 s a mode; XPT=sandboxed: that mode only)
 #   TRITON_AHEAD='glob'  archives of `kernelboard eval compile-ahead` (Triton kernels compiled on a CPU host
 #               for sm_90), unpacked into the grader's cache root first where `kernelboard eval check-ahead`
 #               finds their cache keys can match (same Python ABI and Triton build): each grading's log then
@@ -88,9 +89,11 @@ fi
 
 if [ -n "${XPT:-}" ]; then
   echo "== cross-process timing ($(left) s left)"
-  for mode in --unsandboxed ""; do
+  modes=(--unsandboxed "")
+  [ "$XPT" = sandboxed ] && modes=("")
+  for mode in "${modes[@]}"; do
     timeout -k 5 -s INT 60 .venv-eval/bin/python bench/cross_process_timing.py $mode --work $WORK/xpt \
-      --json "$OUT/xpt${mode:---sandboxed}.json" 2>&1 | tail -9
+      --json "$OUT/xpt${mode:---sandboxed}.json" 2>&1 | tail -18
   done
 fi
 
