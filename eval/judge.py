@@ -739,7 +739,7 @@ def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, swi
     if hidden:
         log("worker", f"{where}: {hidden}; timed again with the GPU idle before each call")
         stats, cover = _timed(link, problem, plan, k, switches, device, cover=False)
-    escaped = audit.escaped_work(residue_ms, stats.median_ms)
+    escaped = audit.escaped_work(synced.samples("residue_ms"), synced.samples("idle_ms"), stats.median_ms)
     if escaped:
         raise Failure("integrity_violation", f"{where}: {escaped}")
     reply = link.ask("kernels", f"{where}: profiled call", shape=k)

@@ -72,6 +72,18 @@ def test_profiler_names_match_demangled_symbols_in_template_and_plain_forms() ->
         assert is_own(name, code), name
 
 
+def test_a_kernel_the_profiler_leaves_mangled_matches_its_symbol_where_the_demangler_does_not_fail() -> None:
+    """The profiler names a CUTLASS 3 instantiation of a candidate's extension by its mangled symbol
+    (H100 SXM, 2026-12-07: `_ZN7cutlass13device_kernelINS_4gemm6kernel13GemmUniversalIN4cute5tuple…`,
+    deepseek-v4-flash 01 190837), where c++filt demangles the same symbol in the candidate's binary:
+    it is its own by the mangled form; another instantiation's mangled name is not."""
+    code = _code(OWN_PLAIN[0], OWN_CUTLASS[0])
+    assert OWN_CUTLASS[0] in demangle_all([OWN_CUTLASS[0]])[0]  # the binary's symbol demangles
+    assert is_own(OWN_CUTLASS[0], code)
+    assert is_own(OWN_PLAIN[0], code)
+    assert not is_own("_ZN7cutlass13device_kernelIN2at4cuda6detail4GemmEEEvNT_6ParamsE", code)  # torch's
+
+
 def test_a_candidate_kernel_named_like_a_library_is_its_own_and_the_library_is_not() -> None:
     code = _code(OWN_PLAIN[0], OWN_CUTLASS[0])
     assert is_own(OWN_PLAIN[1], code)  # `gemv…`: a cuBLAS prefix, but built from its code

@@ -75,6 +75,21 @@ def test_the_synchronises_own_latency_is_not_taken_for_hidden_work() -> None:
     assert audit.cover_hid_work(0.0925, 0.0148, 0.0392, 0.030) is None
 
 
+def test_escaped_work_is_the_residue_beyond_the_synchronises_own_latency() -> None:
+    """kimi-k2.7-code 01 060247, a single-stream kernel, on the H100 SXM while five builds ran beside
+    it (2026-12-07): the device "busy" 0.0744 ms past its stream at a 0.4537 ms median, while the two
+    synchronises around no call took 0.1378 ms; 0.5.25 refused it. Work left on another stream for
+    0.3 ms is refused whatever the latency."""
+    from kernelboard.eval import audit
+
+    assert audit.escaped_work([0.0744] * 10, [0.1378] * 10, 0.4537) is None
+    assert audit.escaped_work([0.0744] * 10, [0.0] * 10, 0.4537) is not None  # the rule before 0.5.26
+    message = audit.escaped_work([0.32] * 10, [0.03] * 10, 0.05)
+    assert message is not None and "0.2900 ms more than the synchronises alone" in message
+    # call by call: one stretched synchronise around no call does not excuse the rest
+    assert audit.escaped_work([0.32] * 10, [0.03] * 9 + [5.0], 0.05) is not None
+
+
 def test_time_cpu_returns_stats_and_the_last_outputs() -> None:
     sets = [[torch.ones(4)], [torch.full((4,), 2.0)]]
     stats, last = timing.time_cpu(lambda x: x * 3, sets, rep_ms=5.0, flush_bytes=1 << 16)
