@@ -89,6 +89,14 @@ THEIRS_STRUCTURAL_SINCE = datetime(2026, 8, 7, 12, 56, 42, tzinfo=UTC)
 #: Disagreements that no rule can read from the two verdicts, each explained from the published files, by
 #: run_id. The cause is shown in the table beside the class; the pair still counts where its class does.
 EVIDENCE: dict[str, str] = {
+    "20260709_090112_hy3_hy3_01_fp8_gemm": (
+        "a bug of its own: its kernel loads x with no mask on M (solution.py:71), and its autotuner tries every "
+        "config on a shape's first call. At shape 2 (skinny M, M = 32) each config with BLOCK_M over 32, 7 of its "
+        "9 distinct, reads past the 262,144 B of x: bench/triton_bounds.py --shape 2 (2026-12-07) counted 8.4 to "
+        "117 million of each such launch's addresses outside x (25–58% of them; the two BLOCK_M = 32 configs "
+        "none), while its output is right, as the stores are masked. Whether such a read faults depends on what "
+        "the allocator left mapped after x: on the H100 SXM it faulted in a floor batch, whose inputs sit in "
+        "allocations of their own, with an illegal memory access; theirs graded it on a B200 and it did not"),
     "20260709_090226_hy3_hy3_05_topk_bitonic": (
         "their check failed after 6 s; solution.py redirects Python's include path to "
         "/workspace/problems/05_topk_bitonic/_pyinc/python3.11, a folder of the agent's workspace that the "
