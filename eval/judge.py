@@ -739,7 +739,10 @@ def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, swi
     if hidden:
         log("worker", f"{where}: {hidden}; timed again with the GPU idle before each call")
         stats, cover = _timed(link, problem, plan, k, switches, device, cover=False)
-    escaped = audit.escaped_work(synced.samples("residue_ms"), synced.samples("idle_ms"), stats.median_ms)
+    residues, idles = synced.samples("residue_ms"), synced.samples("idle_ms")
+    if len(residues) != len(idles):
+        raise synced._bad(f"{len(residues)} 'residue_ms' samples for {len(idles)} 'idle_ms'")
+    escaped = audit.escaped_work(residues, idles, stats.median_ms)
     if escaped:
         raise Failure("integrity_violation", f"{where}: {escaped}")
     reply = link.ask("kernels", f"{where}: profiled call", shape=k)
