@@ -85,12 +85,11 @@ from .settings import (
     PROOF_RETRIES,
     PROOF_RETRY_STRETCH,
     TIMING_POOL_SETS,
-    WITNESS_TRIES,
     proof_shape,
 )
 from .stateful import FunctionStep, StepAdapter, clone_flat
 from .timing import TimeStats, batch_problem, floor_ms, retry_passes, summarize, time_cpu, time_cuda
-from .witness import JudgeWitness, witness_problem, witness_ratio
+from .witness import JudgeWitness, witness_doubt, witness_problem, witness_ratio
 
 #: When this worker started, for the log's stamps: set by `start_clock` as the worker's `main` begins. At
 #: import time it is only a default, since a judge forked from the zygote imported this module long before.
@@ -672,28 +671,24 @@ def _timed(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, switches
     """The runner's timed loop of one shape, its statistic recomputed here from the raw samples and
     every timed output checked; with `cover`, how the covered loop went (None where the runner
     timed it uncovered: more than COVER_UNCOVERED_SHARE of its calls outlasted the cover). On the
-    CPU each timed call is inside the judge's witness (eval/witness.py): a loop its samples cannot
-    be true of is timed again, WITNESS_TRIES loops in all, and refused if none passes."""
+    CPU each timed call is inside the judge's witness (eval/witness.py): a report of more or fewer
+    calls than it saw is refused, and its clock beside the runner's is logged."""
     where = f"shape {plan.shape.idx}"
-    tries = WITNESS_TRIES if device == "cpu" else 1
-    for attempt in range(1, tries + 1):
-        with JudgeWitness() if device == "cpu" else contextlib.nullcontext() as witness:
-            reply = link.ask("time", f"{where}: timing{'' if cover else ' (uncovered)'}", shape=k, cover=cover,
-                             fds=() if witness is None else witness.runner_fds())
-        samples = reply.samples("samples_ms", at_least=2)
-        if witness is None:
-            break
+    with JudgeWitness() if device == "cpu" else contextlib.nullcontext() as witness:
+        reply = link.ask("time", f"{where}: timing{'' if cover else ' (uncovered)'}", shape=k, cover=cover,
+                         fds=() if witness is None else witness.runner_fds())
+    samples = reply.samples("samples_ms", at_least=2)
+    if witness is not None:
         forged = (f"the runner broke the judge's witness: {witness.fault}" if witness.fault
-                  else witness_problem(samples, witness.spans_ms, device))
-        if not forged:
-            if witness.spans_ms:
-                log("worker", f"{where}: the judge's clock around the {len(witness.spans_ms)} timed calls: "
-                              f"{statistics.median(witness.spans_ms):.4f} ms a call (median), the runner's samples "
-                              f"{witness_ratio(samples, witness.spans_ms, device):.2f} of each span less the handshake")
-            break
-        if attempt == tries:
+                  else witness_problem(samples, witness.spans_ms))
+        if forged:
             raise Failure("integrity_violation", f"{where}: {forged}")
-        log("worker", f"{where}: {forged}; timed again ({attempt + 1} of {tries})")
+        if witness.spans_ms:
+            doubt = witness_doubt(samples, witness.spans_ms, device)
+            log("worker", f"{where}: the judge's clock around the {len(witness.spans_ms)} timed calls: "
+                          f"{statistics.median(witness.spans_ms):.4f} ms a call (median), the runner's samples "
+                          f"{witness_ratio(samples, witness.spans_ms, device):.2f} of each span less the handshake"
+                          + (f"; {doubt}" if doubt else ""))
     stats = summarize(samples, reply.number("wall_ms"))
     switches.note(reply, f"while timing shape {plan.shape.idx}")
     pool = len(plan.timing_refs)

@@ -142,18 +142,16 @@ def proof_shape(median_ms: float, sets: int) -> tuple[int, int]:
 #: gradings had every batch of one shape below 0.7, and were refused under 0.7), a runner whose
 #: event timer halves every interval covered 0.38.
 PROOF_CLAIM_FACTOR = 0.6
-#: The judge's witness of the CPU's timed loop (eval/witness.py): the runner's sample of a call must
-#: be at least WITNESS_FACTOR of the judge's span around it less WITNESS_HANDSHAKE_MS (the median
-#: over calls), judged where the judge's median span is at least WITNESS_MIN_SPAN_MS. A clock halved
-#: inside the timed loop reads 0.5; an honest one reads about 1, less where a loaded host delays the
-#: wake-ups. Measured on the 2-core CI machine (2026-12-07): in `make test` (two test processes at
-#: once), 126 honest loops with median spans of 0.25 ms or more read 0.73–1.08; alone, the red-team
-#: suite's honest loops 0.82–0.94 at 0.17–1.0 ms but 0.47–0.71 at ~0.1 ms, where the wake-ups are
-#: half a span; the halved clock 0.45–0.51. WITNESS_TRIES loops are witnessed before a refusal.
+#: The judge's witness of the CPU's timed loop (eval/witness.py): where the judge's median span is at
+#: least WITNESS_MIN_SPAN_MS, a loop whose samples are, call for call (the median), under WITNESS_FACTOR
+#: of the judge's spans less WITNESS_HANDSHAKE_MS is logged as doubtful; not refused. Measured on the
+#: 2-core CI machine (2026-12-07): a clock halved inside the timed loop read 0.45–0.51; honest loops read
+#: 0.73–1.08 in one `make test` (126 loops with spans of 0.25 ms or more) and 0.82–0.94 alone, but in a
+#: fresh clone's `.ci/run` the honest reference of 03 read 0.28 and 0.23 at one shape (spans 2.8 ms around
+#: 0.5 ms calls: the host's wake-ups, not the call), which grader 0.5.25 refused.
 WITNESS_FACTOR = 0.6
 WITNESS_HANDSHAKE_MS = {"cpu": 0.05}
 WITNESS_MIN_SPAN_MS = 0.25
-WITNESS_TRIES = 2
 #: Milliseconds of busy work that lift the GPU from idle clocks before anything is measured.
 SPIN_UP_MS = 200.0
 
@@ -362,6 +360,9 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: 0.5.25: on the CPU the judge's own clock witnesses every timed call (eval/witness.py), and a loop whose
 #: samples are call for call under WITNESS_FACTOR of its spans is timed again, then refused as an
 #: integrity_violation (a clock lie told only inside the timed loop). GPU gradings unchanged.
+#: 0.5.27: the witness's ratio is logged, no longer refused (a loaded CI host read an honest reference at
+#: 0.23–0.28, under the 0.6 that 0.5.25 refused); a report of more or fewer calls than it saw, or a broken
+#: handshake, is still an integrity_violation. CPU only.
 #: 0.5.26: a launched kernel the profiler names by its mangled symbol is the candidate's own where its binary
 #: holds that symbol, whether or not c++filt demangles it there (origins._add_symbols): 0.5.25 refused two 01
 #: kernels of their own CUTLASS 3 GEMMs on the H100 SXM as `forbidden`. And escaped work is the residue beyond

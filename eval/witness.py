@@ -1,4 +1,4 @@
-"""The judge's own clock around each call of the runner's timed loop (the witness), and its rule.
+"""The judge's own clock around each call of the runner's timed loop (the witness), and its rules.
 
 Why: every sample of a timed loop is taken in the runner, the process candidate code shares, so a
 solution that recognises the loop can shrink its samples there alone (patch `time.perf_counter_ns`
@@ -17,11 +17,13 @@ The handshake, one byte a message over two pipes the judge makes and hands the r
 
 A judge's span is the call plus two wake-ups of a process blocked on a pipe (tens of µs on an idle
 host, more under load). Since the runner's clock runs only inside the span, an honest sample is
-never above its span; the rule (`witness_problem`) refuses a loop whose samples are, call for call,
-well under the judge's spans. Only the CPU's timed loop is witnessed: on a GPU the runner's events
-time the device, not the host, and the judge's span would be the host's (the design for a GPU
-witness, the judge's stream waiting on memory the runner's stream writes, is measured in
-bench/cross_process_timing.py; not built).
+never above its span. The judge refuses a report of more or fewer calls than it saw
+(`witness_problem`), and logs a loop whose samples are, call for call, well under its spans
+(`witness_doubt`): logged, not refused, since a loaded host's wake-ups can outlast the calls (grader
+0.5.25 refused such loops, and refused an honest reference in CI). Only the CPU's timed loop is
+witnessed: on a GPU the runner's events time the device, not the host, and the judge's span would
+be the host's (the design for a GPU witness, the judge's stream waiting on memory the runner's
+stream writes, is measured in bench/cross_process_timing.py; not built).
 
 What it does not see: work a solution moves out of the span (done before its `r`, or after its
 `d`, by code that patches the runner's side of the handshake) is not in either clock; that is the
@@ -127,13 +129,21 @@ def witness_ratio(samples_ms: Sequence[float], spans_ms: Sequence[float], device
     return statistics.median(s / max(span - handshake, 1e-9) for s, span in zip(samples_ms, spans_ms, strict=True))
 
 
-def witness_problem(samples_ms: Sequence[float], spans_ms: Sequence[float], device: str) -> str | None:
-    """Why the runner's samples of a witnessed loop cannot be true, or None: one span of the judge's
-    per sample, and, where the judge's median span is at least WITNESS_MIN_SPAN_MS, a `witness_ratio`
-    of at least WITNESS_FACTOR."""
+def witness_problem(samples_ms: Sequence[float], spans_ms: Sequence[float]) -> str | None:
+    """Why the runner's report of a witnessed loop cannot be true, or None: one span of the judge's per
+    sample. (A refusal: the handshake counts calls whatever the host's load.)"""
     if len(spans_ms) != len(samples_ms):
         return (f"the runner reported {len(samples_ms)} timed calls, the judge's clock saw {len(spans_ms)} "
                 f"calls begin and end")
+    return None
+
+
+def witness_doubt(samples_ms: Sequence[float], spans_ms: Sequence[float], device: str) -> str | None:
+    """Where the judge's median span is at least WITNESS_MIN_SPAN_MS and the `witness_ratio` is under
+    WITNESS_FACTOR, what the two clocks say, for the log: logged, not refused, because a loaded host
+    stretches the wake-ups past the calls (an honest reference read 0.23–0.28 on the 2-core CI machine
+    under two test processes, twice in a row at one shape, 2026-12-07), and a clock lie reads
+    0.45–0.51: the spans alone cannot tell them apart until the wake-ups are measured too."""
     if not spans_ms or statistics.median(spans_ms) < WITNESS_MIN_SPAN_MS:
         return None
     ratio = witness_ratio(samples_ms, spans_ms, device)
@@ -141,5 +151,5 @@ def witness_problem(samples_ms: Sequence[float], spans_ms: Sequence[float], devi
         return None
     return (f"the runner's clock says its timed calls took {statistics.median(samples_ms):.4f} ms (median), the "
             f"judge's clock around the same calls {statistics.median(spans_ms):.4f} ms: call for call, {ratio:.2f} "
-            f"of the judge's span less {WITNESS_HANDSHAKE_MS[device]:g} ms for the handshake (below "
-            f"{WITNESS_FACTOR:g} is refused)")
+            f"of the judge's span less {WITNESS_HANDSHAKE_MS[device]:g} ms for the handshake, under "
+            f"{WITNESS_FACTOR:g} (a clock lie, or a loaded host's wake-ups: logged, not refused)")
