@@ -251,6 +251,22 @@ def grader_loop_runner(driver: Driver, base: int, size: int, lie: int, seq: int)
 
 # ---- the judge ----
 
+def finish(args: argparse.Namespace, child: subprocess.Popen[str], flags: object, starts: list, ends: list,
+           seq: int, what: str, t0: float) -> tuple[list[float], list[float]]:
+    """Wait for a row's last handshake (a stall past --stall-s releases the judge's waits from another
+    stream and raises, never hangs), then (the runner's samples, the judge's spans) in ms."""
+    import torch
+
+    while not ends[-1].query():
+        if time.monotonic() - t0 > args.stall_s:
+            flags[DONE // 4].fill_(seq + CALLS)
+            raise RuntimeError(f"stalled: {what}")
+        time.sleep(0.001)
+    torch.cuda.synchronize()
+    runner_ms = json.loads(child.stdout.readline())
+    return runner_ms, [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+
+
 def grader_loop(args: argparse.Namespace, child: subprocess.Popen[str], driver: Driver, base: int, stream: object,
                 size: int, lie: int, seq: int) -> tuple[list[float], list[float]]:
     """One grader-shaped row (module docstring, 5): the runner's samples and the judge's spans, per call."""
@@ -272,14 +288,7 @@ def grader_loop(args: argparse.Namespace, child: subprocess.Popen[str], driver: 
             driver.write(stream.cuda_stream, base + READY, seq + i)
             driver.wait(stream.cuda_stream, base + DONE, seq + i)
             ends[i].record()
-    while not ends[-1].query():
-        if time.monotonic() - t0 > args.stall_s:
-            flags[DONE // 4].fill_(seq + CALLS)
-            raise RuntimeError(f"stalled: grader loop, size {size}")
-        time.sleep(0.001)
-    torch.cuda.synchronize()
-    runner_ms = json.loads(child.stdout.readline())
-    return runner_ms, [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+    return finish(args, child, flags, starts, ends, seq, f"grader loop, size {size}", t0)
 
 
 def grader_loop_rows(args: argparse.Namespace, child: subprocess.Popen[str], driver: Driver, base: int,
@@ -339,14 +348,7 @@ def measure(args: argparse.Namespace, child: subprocess.Popen[str], driver: Driv
                 copies[i].copy_(c)
     if child.stdout.readline().strip() != "queued":
         raise RuntimeError("the runner stopped before queueing its calls")
-    while not ends[-1].query():  # a handshake that never completes stalls here, not forever
-        if time.monotonic() - t0 > args.stall_s:
-            flags[DONE // 4].fill_(seq + CALLS)  # release the judge's waits from another stream
-            raise RuntimeError(f"stalled: size {size}, early {early}")
-        time.sleep(0.001)
-    torch.cuda.synchronize()
-    runner_ms = json.loads(child.stdout.readline())
-    judge_ms = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+    runner_ms, judge_ms = finish(args, child, flags, starts, ends, seq, f"size {size}, early {early}", t0)
     row: dict[str, object] = {"size": size, "early_done": bool(early), "calls": CALLS,
                               "judge_us": median_us(judge_ms), "judge_spread": spread(judge_ms),
                               "runner_us": median_us(runner_ms), "runner_spread": spread(runner_ms)}

@@ -360,15 +360,15 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: 0.5.25: on the CPU the judge's own clock witnesses every timed call (eval/witness.py), and a loop whose
 #: samples are call for call under WITNESS_FACTOR of its spans is timed again, then refused as an
 #: integrity_violation (a clock lie told only inside the timed loop). GPU gradings unchanged.
-#: 0.5.27: the witness's ratio is logged, no longer refused (a loaded CI host read an honest reference at
-#: 0.23–0.28, under the 0.6 that 0.5.25 refused); a report of more or fewer calls than it saw, or a broken
-#: handshake, is still an integrity_violation. CPU only.
 #: 0.5.26: a launched kernel the profiler names by its mangled symbol is the candidate's own where its binary
 #: holds that symbol, whether or not c++filt demangles it there (origins._add_symbols): 0.5.25 refused two 01
 #: kernels of their own CUTLASS 3 GEMMs on the H100 SXM as `forbidden`. And escaped work is the residue beyond
 #: the synchronises' own latency around no call, call by call (audit.escaped_work): 0.5.25 refused a
 #: single-stream 01 kernel on a host slowed by five builds. The three rows were taken out of data/held before
 #: publication, to be graded again. Verdicts change only for such kernels.
+#: 0.5.27: the witness's ratio is logged, no longer refused (a loaded CI host read an honest reference at
+#: 0.23–0.28, under the 0.6 that 0.5.25 refused); a report of more or fewer calls than it saw, or a broken
+#: handshake, is still an integrity_violation. CPU only.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 #: Passes an earlier grader gave under a looser check than the current one, as (the first grader with the
