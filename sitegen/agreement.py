@@ -97,6 +97,26 @@ EVIDENCE: dict[str, str] = {
         "none), while its output is right, as the stores are masked. Whether such a read faults depends on what "
         "the allocator left mapped after x: on the H100 SXM it faulted in a floor batch, whose inputs sit in "
         "allocations of their own, with an illegal memory access; theirs graded it on a B200 and it did not"),
+    "20260614_163128_deepseek-claude_deepseek-v4-pro_01_fp8_gemm": (
+        "a bug of its own, the same as hy3's 090112: its kernel loads x with no mask on M (solution.py:45 and "
+        ":56; it pads K only) and takes BLOCK_M = 64 for any M up to 64 (:103–104). At shape 2 (skinny M, M = 32) "
+        "each of its 64 programs reads the 32 rows past x's end: bench/triton_bounds.py --shape 2 (2026-12-07) "
+        "counted 16,777,216 of the launch's 100,933,632 addresses (17%) outside x's 262,144 B, from byte 262,144 "
+        "on, while its output is right, as the stores are masked. Whether such a read faults depends on what the "
+        "allocator left mapped after x: on the H100 SXM it faulted in a floor batch, whose inputs sit in "
+        "allocations of their own, with an illegal memory access; theirs graded it on an RTX PRO 6000 and it "
+        "did not"),
+    "20260709_043047_grok_grok-4.5_01_fp8_gemm": (
+        "a bug of its own: it keeps one copy of x padded to a multiple of BLOCK_K, keyed by x's address and "
+        "version counter (solution.py:19–21, :69–92), and hands it back to any later x with that key. Only shape "
+        "1 pads (K = 4127). Our runner places each check's x in a new tensor (eval/runner.py _place: one copy, "
+        "version 1) and frees it after the call, so the caching allocator gives the next check's x the same "
+        "block. Seed 42's small_weight case scales the weights only, so its x was the placed copy, and the "
+        "padded copy it left cached carried the key seed 123's x arrived with: seed 123's output is seed 42's "
+        "product, ‖d‖/‖ref‖ = 1.41 = √2, the distance between two outputs of independent inputs of one "
+        "distribution. Their check.py draws a seed's inputs while the seed before's are still held "
+        "(base_inputs = [t.to(device) …]), so its x never lands where the last one was. Any caller that "
+        "allocates its inputs anew each step meets it"),
     "20260709_090226_hy3_hy3_05_topk_bitonic": (
         "their check failed after 6 s; solution.py redirects Python's include path to "
         "/workspace/problems/05_topk_bitonic/_pyinc/python3.11, a folder of the agent's workspace that the "
@@ -129,6 +149,14 @@ EVIDENCE: dict[str, str] = {
         "architecture-specific code (load_inline with torch's default target, solution.py:476–488) and their "
         "check log is not published. On the H100 SXM it builds from the published file and is exact on all "
         "80 checks, the structural tie and spike cases included, and on every timed call"),
+    "20260719_024723_codex_gpt-5.6-sol_01_fp8_gemm": (
+        "their check failed after 22 s on a B200 (its run detail: correct false, check_s 22); the reason they "
+        "publish is how the agent's session ended, not why the check failed, as their classifier "
+        "(src/harness/classification.py) names a run incomplete_session before it reads the check's exit, and "
+        "their check log is not published. The kernel is plain Triton (tensor descriptors, a warp-specialised "
+        "loop; no architecture-specific code) and its output buffer is reused from call to call, which a "
+        "check that compares each output before the next call, theirs and ours alike, allows. On the H100 SXM "
+        "it is right on all 64 checks and on every timed call"),
     "20260720_225753_or-fable_anthropic_claude-fable-5_03_paged_attention": (
         "a race of its own: on a call whose inputs sit at addresses it has not captured yet, its paged_capture "
         "(solution.py:102, in its CUDA source) launches the kernel on a stream from torch's pool, which does not "
