@@ -111,11 +111,11 @@ EVIDENCE: dict[str, str] = {
         "version counter (solution.py:19–21, :69–92), and hands it back to any later x with that key. Only shape "
         "1 pads (K = 4127). Our runner places each check's x in a new tensor (eval/runner.py _place: one copy, "
         "version 1) and frees it after the call, so the caching allocator gives the next check's x the same "
-        "block. Seed 42's small_weight case scales the weights only, so its x was the placed copy, and the "
-        "padded copy it left cached carried the key seed 123's x arrived with: seed 123's output is seed 42's "
-        "product, ‖d‖/‖ref‖ = 1.41 = √2, the distance between two outputs of independent inputs of one "
+        "block. Seed 42's small_weight case scales the weights only, so the x it left cached was a placed copy "
+        "like seed 123's, with its block and version, and seed 123's output is another x's product, as its "
+        "error shows: ‖d‖/‖ref‖ = 1.41 = √2, the distance between two outputs of independent inputs of one "
         "distribution. Their check.py draws a seed's inputs while the seed before's are still held "
-        "(base_inputs = [t.to(device) …]), so its x never lands where the last one was. Any caller that "
+        "(base_inputs = [t.to(device) …]), so seed 123's x cannot land where seed 42's was. Any caller that "
         "allocates its inputs anew each step meets it"),
     "20260709_090226_hy3_hy3_05_topk_bitonic": (
         "their check failed after 6 s; solution.py redirects Python's include path to "
