@@ -35,14 +35,12 @@ measured on an H100 are in bench/README.md.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 SIZES = (0, 256, 1024, 2048, 4096)  # 0: a null call (the handshake alone)
@@ -53,98 +51,19 @@ L2_FLUSH_BYTES = 100 << 20  # more than twice an H100's or H200's L2, zeroed bef
 COVER_CYCLES = 100_000  # the grader-loop cover: torch.cuda._sleep cycles (~60 µs)
 POOL = 3  # input sets the judge rotates, as a Feed does
 
-
-# ---- the CUDA driver API, through ctypes (the same on both sides) ----
-
-class Location(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
-
-
-class AllocFlags(ctypes.Structure):
-    _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
-                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
-
-
-class AllocationProp(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location", Location),
-                ("win32HandleMetaData", ctypes.c_void_p), ("allocFlags", AllocFlags)]
-
-
-class AccessDesc(ctypes.Structure):
-    _fields_ = [("location", Location), ("flags", ctypes.c_int)]
-
-
-PINNED, POSIX_FD, ON_DEVICE, READ_WRITE, WAIT_GEQ = 1, 1, 1, 3, 0
-
-
-class Driver:
-    """The few driver calls the handshake needs; each failure raises with the call's name and error code."""
-
-    def __init__(self) -> None:
-        self.lib = ctypes.CDLL("libcuda.so.1")
-
-    def __call__(self, name: str, *args: object) -> None:
-        for symbol in (f"{name}_v2", name):
-            fn = getattr(self.lib, symbol, None)
-            if fn is not None:
-                break
-        else:
-            raise RuntimeError(f"libcuda has no {name}")
-        code = fn(*args)
-        if code != 0:
-            text = ctypes.c_char_p()
-            self.lib.cuGetErrorString(code, ctypes.byref(text))
-            raise RuntimeError(f"{name} failed: {code} {text.value.decode() if text.value else ''}")
-
-    def prop(self, device: int) -> AllocationProp:
-        return AllocationProp(PINNED, POSIX_FD, Location(ON_DEVICE, device), None, AllocFlags())
-
-    def granular(self, size: int, device: int) -> int:
-        granularity = ctypes.c_size_t()
-        self("cuMemGetAllocationGranularity", ctypes.byref(granularity), ctypes.byref(self.prop(device)), 0)
-        return -(-size // granularity.value) * granularity.value
-
-    def create_exported(self, size: int, device: int) -> tuple[int, int]:
-        """A device allocation of `size` bytes and a file descriptor that shares it."""
-        handle, fd = ctypes.c_ulonglong(), ctypes.c_int()
-        self("cuMemCreate", ctypes.byref(handle), ctypes.c_size_t(size), ctypes.byref(self.prop(device)),
-             ctypes.c_ulonglong(0))
-        self("cuMemExportToShareableHandle", ctypes.byref(fd), handle, POSIX_FD, ctypes.c_ulonglong(0))
-        return handle.value, fd.value
-
-    def import_fd(self, fd: int) -> int:
-        handle = ctypes.c_ulonglong()
-        self("cuMemImportFromShareableHandle", ctypes.byref(handle), ctypes.c_void_p(fd), POSIX_FD)
-        return handle.value
-
-    def map(self, handle: int, size: int, device: int) -> int:
-        """Map an allocation handle into this process, readable and writable from `device`: its address."""
-        ptr = ctypes.c_ulonglong()
-        self("cuMemAddressReserve", ctypes.byref(ptr), ctypes.c_size_t(size), ctypes.c_size_t(0),
-             ctypes.c_ulonglong(0), ctypes.c_ulonglong(0))
-        self("cuMemMap", ptr, ctypes.c_size_t(size), ctypes.c_size_t(0), ctypes.c_ulonglong(handle),
-             ctypes.c_ulonglong(0))
-        desc = AccessDesc(Location(ON_DEVICE, device), READ_WRITE)
-        self("cuMemSetAccess", ptr, ctypes.c_size_t(size), ctypes.byref(desc), ctypes.c_size_t(1))
-        return ptr.value
-
-    def wait(self, stream: int, address: int, value: int) -> None:
-        self("cuStreamWaitValue32", ctypes.c_void_p(stream), ctypes.c_ulonglong(address), ctypes.c_uint32(value),
-             WAIT_GEQ)
-
-    def write(self, stream: int, address: int, value: int) -> None:
-        self("cuStreamWriteValue32", ctypes.c_void_p(stream), ctypes.c_ulonglong(address), ctypes.c_uint32(value), 0)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kernelboard.eval.cuda_driver import Driver, bytes_at  # noqa: E402  (the grader's own driver calls)
 
 
 def tensor_at(address: int, shape: tuple[int, ...], torch_dtype: object) -> object:
     """A torch view of device memory this process mapped itself (no allocator owns it)."""
     import torch
 
-    typestr = {torch.bfloat16: "<i2", torch.int32: "<i4"}[torch_dtype]  # bf16 has no typestr
-
-    interface = {"shape": shape, "typestr": typestr, "data": (address, False), "version": 3, "strides": None}
-    view = torch.as_tensor(types.SimpleNamespace(__cuda_array_interface__=interface), device="cuda")
-    return view.view(torch_dtype) if torch_dtype is torch.bfloat16 else view
+    count = 1
+    for n in shape:
+        count *= n
+    itemsize = torch.empty(0, dtype=torch_dtype).element_size()
+    return bytes_at(address, count * itemsize).view(torch_dtype).view(shape)
 
 
 def allocation_bytes(size: int) -> int:

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from . import audit
+from . import audit, gpu_witness
 from .atomic import write_text_atomic
 from .correctness import (
     REL_ERR_MAX,
@@ -56,6 +56,7 @@ from .correctness import (
     probe_positions,
     probe_problem,
 )
+from .cuda_driver import Driver
 from .deck import Problem, StressCase, load_problem
 from .failure import Failure, one_line
 from .job import Job
@@ -85,6 +86,7 @@ from .settings import (
     PROOF_RETRIES,
     PROOF_RETRY_STRETCH,
     TIMING_POOL_SETS,
+    WITNESS_GPU_CALLS,
     proof_shape,
 )
 from .stateful import FunctionStep, StepAdapter, clone_flat
@@ -209,12 +211,13 @@ def judge_values(problem: Problem, ref: Output, outs: tuple[torch.Tensor, ...], 
 
 
 def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int, keep_timing_inputs: bool,
-           device: str) -> tuple[Arena, list[list[torch.Tensor | None]]]:
+           device: str, problem: Problem) -> tuple[Arena, list[list[torch.Tensor | None]]]:
     """Copy the shape's inputs into shared memory, have the runner build its Model; returns the
     arena (to unpin once the checks are done) and the judge's views of each check's inputs (None
     for a non-tensor input). The judge lets go of its copies of the timing and floor-batch sets before
     the runner places its own on the GPU: on 06's headline shape the two sides' copies, 15 GB each, did
-    not fit an 80 GB H100 together (2026-12-06)."""
+    not fit an 80 GB H100 together (2026-12-06); it keeps the timing sets for the GPU witness only where
+    one is small (gpu_witness.skip_reason)."""
     arena = Arena({"init_args": plan.init_args, "state_dict": plan.state_dict,
                    "checks": [c.inputs for c in plan.checks], "timing": plan.timing_sets, "proof": plan.proof_sets})
     log("worker", f"shape {plan.shape.idx}: {arena.size / 1e9:.2f} GB of inputs and state copied to shared memory")
@@ -227,6 +230,8 @@ def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int, keep_timing_inp
         check.inputs = []  # the arena holds the runner's copy; `pristine` keeps the judge's
     routed = plan.reference_step is not None  # its other expert choices are computed from the sets (_RunnerUps)
     plan.timing_inputs = plan.timing_sets if keep_timing_inputs or routed else []  # for rules that read the inputs
+    witnessed = plan.timing_sets and gpu_witness.skip_reason(problem, device, nbytes(*plan.timing_sets)) is None
+    plan.witness_sets = plan.timing_sets if witnessed else []
     plan.proof_inputs = plan.proof_sets if routed else []
     plan.timing_sets = []
     plan.proof_sets = []
@@ -701,6 +706,61 @@ def _timed(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, switches
     return stats, reply.cover() if cover else None
 
 
+def _witness_gpu(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, timed_median_ms: float) -> None:
+    """The judge's own clock around WITNESS_GPU_CALLS calls of the shape (eval/gpu_witness.py), logged beside
+    the timed median; each witnessed call's probed output checked, logged too. Not a verdict yet: whatever
+    fails here is logged and the grading goes on."""
+    where = f"shape {plan.shape.idx}"
+    sets, plan.witness_sets = plan.witness_sets, []
+    if not sets:
+        why = gpu_witness.skip_reason(problem, "cuda", 0) or "its timing sets are too large for the judge to keep"
+        if not why.startswith("not asked for"):
+            log("worker", f"{where}: not witnessed on the GPU: {why}")
+        return
+    block: gpu_witness.SharedBlock | None = None
+    loop: gpu_witness.JudgeLoop | None = None
+    try:
+        driver = Driver()
+        pool = [[t.to("cuda") if isinstance(t, torch.Tensor) else t for t in s] for s in sets]
+        layout = gpu_witness.plan_layout(pool[0], gpu_witness.output_parts(plan.timing_refs[0]))
+        block = gpu_witness.SharedBlock(driver, layout.nbytes)
+        l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+        flush = torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
+        positions = gpu_witness.probe_targets(plan.timing_refs, plan.timing_seeds, "cuda")
+        own_ms = gpu_witness.own_cost_ms(layout, block, pool, flush, WITNESS_GPU_CALLS)
+        spans: dict[bool, list[float]] = {}
+        got = None
+        for first, with_call in ((1, False), (1 + WITNESS_GPU_CALLS, True)):
+            loop = gpu_witness.JudgeLoop(driver, block, layout, pool, positions, flush, first, WITNESS_GPU_CALLS,
+                                         with_call)
+            reply = link.ask("witness", f"{where}: witnessed calls", fds=(block.fd,), keep_error=True, shape=k,
+                             layout=layout.encode(), first=first, calls=WITNESS_GPU_CALLS, call=with_call)
+            if reply.error is not None:
+                loop.release()
+                loop.wait()
+                raise RuntimeError(f"the runner's side: {one_line(reply.error['type'], reply.error['text'])}")
+            spans[with_call], probes = loop.wait()
+            got = probes if with_call else got
+        fig = gpu_witness.figures(spans[True], spans[False], own_ms)
+        doubt = gpu_witness.doubt(timed_median_ms, fig)
+        log("worker", f"{where}: {gpu_witness.describe(timed_median_ms, fig)}" + (f"; {doubt}" if doubt else ""))
+        try:
+            _Targets(problem, plan.timing_refs, plan.timing_seeds).check(
+                got, [i % len(pool) for i in range(WITNESS_GPU_CALLS)], f"{where}: witnessed call")
+        except Failure as wrong:
+            log("worker", f"{where}: a witnessed call's output: {wrong.message} (logged, not refused)")
+    except Exception as exc:  # the witness is a measurement beside the grading, not yet part of its verdict
+        log("worker", f"{where}: the GPU witness could not run: {type(exc).__name__}: {str(exc)[:300]}")
+    finally:
+        if loop is not None and not loop.ended():  # never unmap the block under a stream still waiting in it
+            with contextlib.suppress(Exception):
+                loop.release()
+                loop.stream.synchronize()
+        if block is not None:
+            with contextlib.suppress(Exception):
+                block.close()
+
+
 def _loops(loops: float) -> str:
     return "" if loops <= 1 else f"; the least of {loops:.0f} loops: the host bound the first"
 
@@ -783,7 +843,7 @@ def _graph_times(link: RunnerLink, problem: Problem, plans: list[ShapePlan], sha
 def _grade_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, seed: int, switches: Switches,
                  phases: Phases, device: str, rows: list[dict[str, Any]]) -> int:
     """Check, then time, one shape of a grading; appends its row to `rows`, returns how many checks ran."""
-    arena, shared = _share(link, plan, k, seed, problem.rule_reads_inputs, device)
+    arena, shared = _share(link, plan, k, seed, problem.rule_reads_inputs, device, problem)
     log("worker", f"shape {plan.shape.idx}: inputs shared, the solution's Model built")
     if problem.stateful is not None:
         one = sum(1 for c in plan.checks if len(c.tied) == 1)
@@ -802,6 +862,8 @@ def _grade_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, se
     log("worker", f"shape {plan.shape.idx} correct (‖d‖/‖ref‖ ≤ {worst:.3g})")
     phases.enter("timing")
     stats, audited = _time_shape(link, problem, plan, k, switches, device)
+    if device == "cuda":
+        _witness_gpu(link, problem, plan, k, stats.median_ms)
     # The floor batches are done. A router problem's reference (a GB on the Mega step) stays only
     # where a CUDA-graph replay of this shape is verified later (_graph_times).
     plan.proof_inputs, plan.proof_refs = [], []  # (06's headline: 3.2 GB of references on the judge's GPU)

@@ -203,6 +203,7 @@ class ShapePlan:
     timing_sets: list[list[Any]] = field(default_factory=list)
     timing_refs: list[Output] = field(default_factory=list)
     timing_inputs: list[list[Any]] = field(default_factory=list)  # kept only for rules that read inputs
+    witness_sets: list[list[Any]] = field(default_factory=list)  # kept for the GPU witness (gpu_witness.py)
     timing_seeds: list[int] = field(default_factory=list)  # each timing set's draw seed (its projection seed)
     proof_sets: list[list[list[Any]]] = field(default_factory=list)  # per batch, input sets used once each
     proof_refs: list[list[Output]] = field(default_factory=list)

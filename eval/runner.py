@@ -41,8 +41,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from . import audit, interpreter, origins
+from . import audit, gpu_witness, interpreter, origins
 from .correctness import PROBE_ELEMENTS, probe, probe_positions
+from .cuda_driver import Driver
 from .deck import load_problem
 from .plan import apply_shape, build_model, import_file, install_shapes_module, scaled_positions, scaled_state
 from .probe import torch_global_state
@@ -417,6 +418,18 @@ class _Runner:
             samples = [(b - a) / 1e6 for a, b in itertools.pairwise(marks)]
         probes, probe_blobs = encode_output(probed)
         return {"probes": probes, "samples_ms": samples}, probe_blobs
+
+    def _op_witness(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
+        """One loop of the judge's GPU witness (gpu_witness.py): the calls the judge's own stream times, on
+        the inputs it writes into the block `fds[0]` shares (`call` false: the null loop, no call)."""
+        shape = self.loaded[request["shape"]]
+        if len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise ValueError(f"a witness request carries one file descriptor, not {len(fds)}")
+        gpu_witness.runner_loop(shape.model, Driver(), fds[0], gpu_witness.Layout.decode(request["layout"]),
+                                shape.timing[0], int(request["first"]), int(request["calls"]), bool(request["call"]))
+        return {}, []
 
     def _op_release(self, request: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[memoryview]]:
         """A shape checked and timed: its checks' shared inputs and its floor batches let go, and what the

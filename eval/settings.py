@@ -152,6 +152,24 @@ PROOF_CLAIM_FACTOR = 0.6
 WITNESS_FACTOR = 0.6
 WITNESS_HANDSHAKE_MS = {"cpu": 0.05}
 WITNESS_MIN_SPAN_MS = 0.25
+#: The judge's witness of a GPU shape (eval/gpu_witness.py), after its timed loop: WITNESS_GPU_CALLS calls
+#: with a call and as many without (the null loop), their judge side queued up front (~10 stream operations a
+#: call, far under the ~1,000 a stream holds before its host waits). The null is capped at the judge's own
+#: copies and flush plus WITNESS_GPU_SWITCH_CAP_MS, the two context switches a call pays: 283–318 µs on an
+#: H100 (bench/cross_process_timing.py, 2026-12-07), with room. Where the judge's figure for a call is at least
+#: WITNESS_GPU_MIN_MS, a timed median under WITNESS_GPU_FACTOR of it is logged as doubtful (not refused until
+#: honest gradings give the ratios: the grader-shaped handshake read 0.59–0.81 honest and 0.35–0.40 for a
+#: halved clock). A shape whose timing sets are over WITNESS_GPU_MAX_BYTES in all is not witnessed (the judge
+#: keeps them for it; 06's headline sets are GBs), and a loop that has not ended WITNESS_GPU_STALL_S after it was
+#: queued is released on both sides and logged.
+WITNESS_GPU_CALLS = 16
+WITNESS_GPU_SWITCH_CAP_MS = 0.35
+WITNESS_GPU_MIN_MS = 0.05
+WITNESS_GPU_FACTOR = 0.5
+WITNESS_GPU_MAX_BYTES = 1 << 30
+WITNESS_GPU_STALL_S = 20.0
+#: The environment variable that turns the GPU witness on ("1"); off by default until measured on a GPU.
+WITNESS_GPU_ENV = "KERNELBOARD_GPU_WITNESS"
 #: Milliseconds of busy work that lift the GPU from idle clocks before anything is measured.
 SPIN_UP_MS = 200.0
 
@@ -369,6 +387,10 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: 0.5.27: the witness's ratio is logged, no longer refused (a loaded CI host read an honest reference at
 #: 0.23–0.28, under the 0.6 that 0.5.25 refused); a report of more or fewer calls than it saw, or a broken
 #: handshake, is still an integrity_violation. CPU only.
+#: 0.5.28: on a GPU, after each shape's timed loop, the judge's own stream times WITNESS_GPU_CALLS calls the
+#: runner makes through device memory both map (eval/gpu_witness.py), and the log gives its figure for a
+#: call beside the timed median: logged, not refused, and only with KERNELBOARD_GPU_WITNESS=1 until a GPU has
+#: measured it. The timed loop itself is unchanged; verdicts unchanged.
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 #: Passes an earlier grader gave under a looser check than the current one, as (the first grader with the

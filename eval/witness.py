@@ -21,9 +21,9 @@ never above its span. The judge refuses a report of more or fewer calls than it 
 (`witness_problem`), and logs a loop whose samples are, call for call, well under its spans
 (`witness_doubt`): logged, not refused, since a loaded host's wake-ups can outlast the calls (grader
 0.5.25 refused such loops, and refused an honest reference in CI). Only the CPU's timed loop is
-witnessed: on a GPU the runner's events time the device, not the host, and the judge's span would
-be the host's (the design for a GPU witness, the judge's stream waiting on memory the runner's
-stream writes, is measured in bench/cross_process_timing.py; not built).
+witnessed here: on a GPU the runner's events time the device, not the host, and the judge's span would
+be the host's; there the judge's own stream waits on memory the runner's stream writes
+(eval/gpu_witness.py, after the timed loop).
 
 What it does not see: work a solution moves out of the span (done before its `r`, or after its
 `d`, by code that patches the runner's side of the handshake) is not in either clock; that is the

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import textwrap
 from pathlib import Path
@@ -64,6 +65,23 @@ class Model(reference.Model):
 import torch
 _elapsed = torch.cuda.Event.elapsed_time
 torch.cuda.Event.elapsed_time = lambda self, end: 0.5 * _elapsed(self, end)
+""",
+    # The event timer halved only inside the runner's timed loop (the floor batches see the truth): the
+    # judge's GPU witness, its own clock around calls after the loop, reads the timed median as half a call.
+    "selective_clock_lie": HOUSE_SOURCE + """
+import sys
+import torch
+_elapsed = torch.cuda.Event.elapsed_time
+
+def _lying(self, end):
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_timed_loop":
+            return 0.5 * _elapsed(self, end)
+        frame = frame.f_back
+    return _elapsed(self, end)
+
+torch.cuda.Event.elapsed_time = _lying
 """,
     # The real work on a private stream, no extra load, never joined: the probe enqueued on the
     # timed stream right after the call reads an unfinished output (or the host check sees it).
@@ -253,7 +271,8 @@ EXPECTED = {"house": "pass", "fork_bomb": ("forbidden", "runtime_error"),
             "pointer_keyed_cache": "wrong", "stale_graph_replay": "wrong",
             "persisting_l2_window": ("pass", "integrity_violation"),
             "in_call_sync": "pass", "graph_on_input_pointers": "pass", "under_cover": "pass",
-            "stale_first_loop": "wrong", "value_fingerprint_cache": "integrity_violation"}
+            "stale_first_loop": "wrong", "value_fingerprint_cache": "integrity_violation",
+            "selective_clock_lie": ("pass", "integrity_violation")}
 
 
 class _Graded(dict):
@@ -286,8 +305,12 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, di
         (subs / name / "solution.py").write_text(textwrap.dedent(source))
         (subs / name / "run.yaml").write_text("problem: 03_paged_attention\nmodel: t\nharness: pytest\n"
                                               "agent_outcome: completed\n")
-    rows = run_eval(EvalOptions(deck=root / "deck", submissions=subs, out=root / "out", device="cuda",
-                                timeout_s=300.0, rep_ms=100.0, skip_baselines=("compile:max-autotune",)))
+    os.environ["KERNELBOARD_GPU_WITNESS"] = "1"  # the judge's GPU witness (eval/gpu_witness.py), off by default
+    try:
+        rows = run_eval(EvalOptions(deck=root / "deck", submissions=subs, out=root / "out", device="cuda",
+                                    timeout_s=300.0, rep_ms=100.0, skip_baselines=("compile:max-autotune",)))
+    finally:
+        del os.environ["KERNELBOARD_GPU_WITNESS"]
     return root, _Graded({r["run_id"]: r for r in rows})
 
 
@@ -387,3 +410,23 @@ def test_work_under_the_cover_is_in_the_figure(graded) -> None:
         elif run_id == "under_cover":
             assert s["median_ms"] >= 0.09, (s["median_ms"], s["host_ms"])  # the busy-wait of every call
             assert s["median_ms"] >= 1.5 * by[("house", idx)]["median_ms"], (s["median_ms"], by[("house", idx)])
+
+
+def _witness_ratios(root: Path, row: dict) -> list[float]:
+    log = (root / "out" / row["log_path"]).read_text(errors="replace")
+    assert "the GPU witness could not run" not in log, log[-3000:]
+    return [float(r) for r in re.findall(r"the timed median is ([0-9.]+) of it", log)]
+
+
+def test_the_gpu_witness_reads_a_clock_lie_told_in_the_timed_loop_alone(graded) -> None:
+    """Grader 0.5.28 (eval/gpu_witness.py): after each shape's timed loop the judge's own stream times 16 calls
+    the runner makes on inputs the judge writes into shared device memory. Its figure for a call, beside the
+    timed median, is about 1 for the house kernel and about half for the same kernel whose event timer lies in
+    the timed loop alone (shape 1, 0.12 ms on an H100; shape 0's 0.024 ms is under the rule's floor)."""
+    root, rows = graded
+    honest, lying = _witness_ratios(root, rows["house"]), _witness_ratios(root, rows["selective_clock_lie"])
+    print(f"witness ratios: house {honest}, selective_clock_lie {lying}")
+    assert len(honest) == len(lying) == 2, (honest, lying)
+    assert lying[1] < 0.75 * honest[1], (honest, lying)
+    log = (root / "out" / rows["house"]["log_path"]).read_text(errors="replace")
+    assert "a witnessed call's output" not in log, log[-3000:]

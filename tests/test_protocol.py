@@ -500,7 +500,7 @@ def test_the_judge_lets_go_of_its_sets_before_the_runner_places_them_and_refuses
     import sys
     from pathlib import Path
 
-    from kernelboard.eval import judge
+    from kernelboard.eval import gpu_witness, judge
     from kernelboard.eval.deck import load_problem
     from kernelboard.eval.plan import import_file, make_plan
 
@@ -523,9 +523,14 @@ def test_the_judge_lets_go_of_its_sets_before_the_runner_places_them_and_refuses
     monkeypatch.setattr(judge, "log", lambda tag, message: logged.append(message))
     plan = make_plan(problem, reference, problem.shapes_for("cpu")[:1], [42], (1, 2), "cpu", proof_seed=5)[0]
     assert plan.timing_sets and plan.proof_sets
-    arena, shared = judge._share(Link(), plan, 0, 42, False, "cuda")  # type: ignore[arg-type]
+    arena, shared = judge._share(Link(), plan, 0, 42, False, "cuda", problem)  # type: ignore[arg-type]
     arena.unpin()
     assert asked == [(0, 0, 0)]  # nothing of the judge's sets is held while the runner places its own
+    # but the GPU witness's pool, where the sets are small (this CPU shape's are); 06's headline's are not
+    assert plan.witness_sets == []  # the GPU witness is off unless asked for (KERNELBOARD_GPU_WITNESS=1)
+    monkeypatch.setenv("KERNELBOARD_GPU_WITNESS", "1")
+    assert gpu_witness.skip_reason(problem, "cuda", 15 * gb) == (
+        "its timing sets are 15.00 GB, over the 1.07 GB the judge keeps for it")
     assert plan.state_dict == {}  # nor the Model's state, which the runner's Model holds
     assert len(shared) == len(plan.checks) and all(check.pristine for check in plan.checks)
     assert any("the judge holds 22.00 GB of the GPU (19.00 GB of it in tensors)" in line for line in logged)
