@@ -412,21 +412,24 @@ def test_work_under_the_cover_is_in_the_figure(graded) -> None:
             assert s["median_ms"] >= 1.5 * by[("house", idx)]["median_ms"], (s["median_ms"], by[("house", idx)])
 
 
-def _witness_ratios(root: Path, row: dict) -> list[float]:
+def _witness_ratios(root: Path, row: dict) -> dict[int, float | None]:
+    """Per shape, the timed median as a fraction of the GPU witness's figure for a call (None: no figure)."""
     log = (root / "out" / row["log_path"]).read_text(errors="replace")
     assert "the GPU witness could not run" not in log, log[-3000:]
-    return [float(r) for r in re.findall(r"the timed median is ([0-9.]+) of it", log)]
+    found = re.findall(r"shape (\d+): the judge's clock around \d+ witnessed calls: .*?the timed median is "
+                       r"([0-9.]+|—) of it", log)
+    return {int(k): None if r == "—" else float(r) for k, r in found}
 
 
 def test_the_gpu_witness_reads_a_clock_lie_told_in_the_timed_loop_alone(graded) -> None:
     """Grader 0.5.28 (eval/gpu_witness.py): after each shape's timed loop the judge's own stream times 16 calls
     the runner makes on inputs the judge writes into shared device memory. Its figure for a call, beside the
     timed median, is about 1 for the house kernel and about half for the same kernel whose event timer lies in
-    the timed loop alone (shape 1, 0.12 ms on an H100; shape 0's 0.024 ms is under the rule's floor)."""
+    the timed loop alone (shape 1, 0.12 ms on an H100; shape 0's 0.024 ms is within the handshake's noise)."""
     root, rows = graded
     honest, lying = _witness_ratios(root, rows["house"]), _witness_ratios(root, rows["selective_clock_lie"])
-    print(f"witness ratios: house {honest}, selective_clock_lie {lying}")
-    assert len(honest) == len(lying) == 2, (honest, lying)
-    assert lying[1] < 0.75 * honest[1], (honest, lying)
+    print(f"witness ratios by shape: house {honest}, selective_clock_lie {lying}")
+    assert set(honest) == set(lying) == {0, 1}, (honest, lying)
+    assert honest[1] is not None and lying[1] is not None and lying[1] < 0.75 * honest[1], (honest, lying)
     log = (root / "out" / rows["house"]["log_path"]).read_text(errors="replace")
     assert "a witnessed call's output" not in log, log[-3000:]
