@@ -217,7 +217,7 @@ def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int, keep_timing_inp
     for a non-tensor input). The judge lets go of its copies of the timing and floor-batch sets before
     the runner places its own on the GPU: on 06's headline shape the two sides' copies, 15 GB each, did
     not fit an 80 GB H100 together (2026-12-06); it keeps the timing sets for the GPU witness only where
-    one is small (gpu_witness.skip_reason)."""
+    it is asked for and they are small (gpu_witness.skip_reason)."""
     arena = Arena({"init_args": plan.init_args, "state_dict": plan.state_dict,
                    "checks": [c.inputs for c in plan.checks], "timing": plan.timing_sets, "proof": plan.proof_sets})
     log("worker", f"shape {plan.shape.idx}: {arena.size / 1e9:.2f} GB of inputs and state copied to shared memory")
@@ -230,7 +230,7 @@ def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int, keep_timing_inp
         check.inputs = []  # the arena holds the runner's copy; `pristine` keeps the judge's
     routed = plan.reference_step is not None  # its other expert choices are computed from the sets (_RunnerUps)
     plan.timing_inputs = plan.timing_sets if keep_timing_inputs or routed else []  # for rules that read the inputs
-    witnessed = plan.timing_sets and gpu_witness.skip_reason(problem, device, nbytes(*plan.timing_sets)) is None
+    witnessed = bool(plan.timing_sets) and gpu_witness.skip_reason(problem, device, nbytes(*plan.timing_sets)) is None
     plan.witness_sets = plan.timing_sets if witnessed else []
     plan.proof_inputs = plan.proof_sets if routed else []
     plan.timing_sets = []
