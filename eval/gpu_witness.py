@@ -325,6 +325,34 @@ def probe_targets(refs: Sequence[Any], seeds: Sequence[int], device: torch.devic
             for seed, ref in zip(seeds, refs, strict=True)]
 
 
+@dataclass
+class Setup:
+    """What the judge prepares for a shape's witnessed loops: its GPU copy of the timing pool, the block's
+    layout and the block, its L2 flush buffer, the probed positions, and its own part of a span (ms)."""
+
+    pool: list[list[Any]]
+    layout: Layout
+    block: SharedBlock
+    flush: torch.Tensor
+    positions: list[list[torch.Tensor]]
+    own_ms: float
+
+
+def prepare(driver: Driver, sets: list[list[Any]], refs: Sequence[Any], seeds: Sequence[int], calls: int) -> Setup:
+    """The judge's side, ready: the pool on its GPU, the exported block, a flush buffer twice the L2."""
+    pool = [[t.to("cuda") if isinstance(t, torch.Tensor) else t for t in s] for s in sets]
+    layout = plan_layout(pool[0], output_parts(refs[0]))
+    block = SharedBlock(driver, layout.nbytes)
+    try:
+        l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+        flush = torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
+        positions = probe_targets(refs, seeds, "cuda")
+        return Setup(pool, layout, block, flush, positions, own_cost_ms(layout, block, pool, flush, calls))
+    except BaseException:
+        block.close()
+        raise
+
+
 def runner_loop(model: Any, driver: Driver, fd: int, layout: Layout, own_set: list[Any], first_seq: int, calls: int,
                 with_call: bool) -> None:
     """The runner's side of one loop: map the judge's block, then per call wait on `ready`, call the solution on

@@ -717,36 +717,31 @@ def _witness_gpu(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, ti
         if not why.startswith("not asked for"):
             log("worker", f"{where}: not witnessed on the GPU: {why}")
         return
-    block: gpu_witness.SharedBlock | None = None
+    setup: gpu_witness.Setup | None = None
     loop: gpu_witness.JudgeLoop | None = None
     try:
         driver = Driver()
-        pool = [[t.to("cuda") if isinstance(t, torch.Tensor) else t for t in s] for s in sets]
-        layout = gpu_witness.plan_layout(pool[0], gpu_witness.output_parts(plan.timing_refs[0]))
-        block = gpu_witness.SharedBlock(driver, layout.nbytes)
-        l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-        flush = torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
-        positions = gpu_witness.probe_targets(plan.timing_refs, plan.timing_seeds, "cuda")
-        own_ms = gpu_witness.own_cost_ms(layout, block, pool, flush, WITNESS_GPU_CALLS)
+        setup = gpu_witness.prepare(driver, sets, plan.timing_refs, plan.timing_seeds, WITNESS_GPU_CALLS)
         spans: dict[bool, list[float]] = {}
         got = None
         for first, with_call in ((1, False), (1 + WITNESS_GPU_CALLS, True)):
-            loop = gpu_witness.JudgeLoop(driver, block, layout, pool, positions, flush, first, WITNESS_GPU_CALLS,
-                                         with_call)
-            reply = link.ask("witness", f"{where}: witnessed calls", fds=(block.fd,), keep_error=True, shape=k,
-                             layout=layout.encode(), first=first, calls=WITNESS_GPU_CALLS, call=with_call)
+            loop = gpu_witness.JudgeLoop(driver, setup.block, setup.layout, setup.pool, setup.positions, setup.flush,
+                                         first, WITNESS_GPU_CALLS, with_call)
+            reply = link.ask("witness", f"{where}: witnessed calls", fds=(setup.block.fd,), keep_error=True,
+                             shape=k, layout=setup.layout.encode(), first=first, calls=WITNESS_GPU_CALLS,
+                             call=with_call)
             if reply.error is not None:
                 loop.release()
                 loop.wait()
                 raise RuntimeError(f"the runner's side: {one_line(reply.error['type'], reply.error['text'])}")
             spans[with_call], probes = loop.wait()
             got = probes if with_call else got
-        fig = gpu_witness.figures(spans[True], spans[False], own_ms)
+        fig = gpu_witness.figures(spans[True], spans[False], setup.own_ms)
         doubt = gpu_witness.doubt(timed_median_ms, fig)
         log("worker", f"{where}: {gpu_witness.describe(timed_median_ms, fig)}" + (f"; {doubt}" if doubt else ""))
         try:
             _Targets(problem, plan.timing_refs, plan.timing_seeds).check(
-                got, [i % len(pool) for i in range(WITNESS_GPU_CALLS)], f"{where}: witnessed call")
+                got, [i % len(setup.pool) for i in range(WITNESS_GPU_CALLS)], f"{where}: witnessed call")
         except Failure as wrong:
             log("worker", f"{where}: a witnessed call's output: {wrong.message} (logged, not refused)")
     except Exception as exc:  # the witness is a measurement beside the grading, not yet part of its verdict
@@ -756,9 +751,9 @@ def _witness_gpu(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, ti
             with contextlib.suppress(Exception):
                 loop.release()
                 loop.stream.synchronize()
-        if block is not None:
+        if setup is not None:
             with contextlib.suppress(Exception):
-                block.close()
+                setup.block.close()
 
 
 def _loops(loops: float) -> str:

@@ -86,3 +86,106 @@ def test_which_shapes_are_witnessed(monkeypatch: pytest.MonkeyPatch) -> None:
     assert gpu_witness.skip_reason(hard, "cpu", 1000) == "not on a GPU"
     assert gpu_witness.skip_reason(mega, "cuda", 1000) == "a stateful step (its state threads through calls)"
     assert "over the" in gpu_witness.skip_reason(hard, "cuda", 10**10)
+
+
+# ---- the judge's orchestration (judge._witness_gpu), its GPU parts stood in for: whatever the witness meets,
+# it logs and the grading goes on; the figure and the witnessed outputs are judged as on a GPU.
+
+
+class _Block:
+    fd = -1
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Reply:
+    def __init__(self, error: dict | None) -> None:
+        self.error = error
+
+
+def _witnessed(monkeypatch: pytest.MonkeyPatch, *, runner_error: dict | None = None, wrong: bool = False,
+               prepare_fails: bool = False) -> tuple[list[str], _Block, list]:
+    import sys
+
+    from kernelboard.eval import judge
+    from kernelboard.eval.correctness import PROBE_ELEMENTS, probe, probe_positions
+    from kernelboard.eval.plan import import_file, make_plan
+    from kernelboard.eval.settings import WITNESS_GPU_CALLS
+
+    monkeypatch.setitem(sys.modules, "reference", None)
+    problem = load_problem(DECKS / "hard" / "01_fp8_gemm")
+    reference = import_file("reference", problem.reference_path)
+    plan = make_plan(problem, reference, problem.shapes_for("cpu")[:1], [42], (1, 2, 3), "cpu")[0]
+    plan.witness_sets = plan.timing_sets
+    block, loops, logged = _Block(), [], []
+    got = torch.full((WITNESS_GPU_CALLS, 1, PROBE_ELEMENTS), float("nan"), dtype=torch.float64)
+    for i in range(WITNESS_GPU_CALLS):  # what the judge's stream gathers from a right (or a zeroed) output
+        ref, seed = plan.timing_refs[i % 3], plan.timing_seeds[i % 3]
+        taken = probe(torch.zeros_like(ref) if wrong else ref, probe_positions(seed * 16, ref.numel(), "cpu"))
+        got[i, 0, :taken.numel()] = taken
+
+    class Loop:
+        def __init__(self, *args: object) -> None:
+            self.with_call, self.released, self.waited = args[-1], False, False
+            loops.append(self)
+
+        def release(self) -> None:
+            self.released = True
+
+        def ended(self) -> bool:
+            return self.waited
+
+        def wait(self) -> tuple[list[float], torch.Tensor | None]:
+            self.waited = True
+            return ([0.50] * WITNESS_GPU_CALLS, got) if self.with_call else ([0.30] * WITNESS_GPU_CALLS, None)
+
+    def prepare(driver: object, sets: list, refs: list, seeds: list, calls: int) -> gpu_witness.Setup:
+        if prepare_fails:
+            raise RuntimeError("cuMemCreate failed: 2 out of memory")
+        layout = plan_layout(sets[0], gpu_witness.output_parts(refs[0]))
+        return gpu_witness.Setup(sets, layout, block, torch.empty(0), [], 0.05)  # type: ignore[arg-type]
+
+    class Link:
+        def ask(self, op: str, what: str, **request: object) -> _Reply:
+            assert op == "witness" and request["keep_error"] is True and request["fds"] == (block.fd,)
+            return _Reply(runner_error)
+
+    monkeypatch.setattr(judge, "Driver", lambda: None)
+    monkeypatch.setattr(gpu_witness, "prepare", prepare)
+    monkeypatch.setattr(gpu_witness, "JudgeLoop", Loop)
+    monkeypatch.setattr(judge, "log", lambda tag, message: logged.append(message))
+    judge._witness_gpu(Link(), problem, plan, 0, timed_median_ms=0.19)  # type: ignore[arg-type]
+    return logged, block, loops
+
+
+def test_the_judge_logs_the_figure_beside_the_timed_median(monkeypatch: pytest.MonkeyPatch) -> None:
+    logged, block, loops = _witnessed(monkeypatch)
+    assert [loop.with_call for loop in loops] == [False, True]  # the null loop first
+    assert logged == ["shape 0: the judge's clock around 16 witnessed calls: span 0.5000 ms, null 0.3000 ms (its "
+                      "loop 0.3000 ms; the judge's own copies and flush 0.0500 ms + at most 0.35 ms), so a call "
+                      "0.2000 ms; the timed median is 0.95 of it"]
+    assert block.closed
+
+
+def test_a_wrong_witnessed_output_is_logged_not_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    logged, block, _ = _witnessed(monkeypatch, wrong=True)
+    assert logged[-1].startswith("shape 0: a witnessed call's output: shape 0: witnessed call 0 (input set 0")
+    assert logged[-1].endswith("(logged, not refused)") and block.closed
+
+
+def test_a_runner_that_fails_its_side_releases_the_judges_and_the_grading_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    logged, block, loops = _witnessed(monkeypatch, runner_error={"type": "ValueError", "text": "boom"})
+    assert len(loops) == 1 and loops[0].released and loops[0].waited
+    assert logged == ["shape 0: the GPU witness could not run: RuntimeError: the runner's side: ValueError: boom"]
+    assert block.closed
+
+
+def test_a_judge_side_that_cannot_be_set_up_is_logged(monkeypatch: pytest.MonkeyPatch) -> None:
+    logged, _, loops = _witnessed(monkeypatch, prepare_fails=True)
+    assert loops == []
+    assert logged == ["shape 0: the GPU witness could not run: RuntimeError: cuMemCreate failed: 2 out of memory"]
