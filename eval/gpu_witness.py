@@ -30,6 +30,7 @@ Skipped: the CPU, stateful (Mega) steps, and a shape whose timing sets are over 
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import statistics
@@ -359,8 +360,15 @@ def runner_loop(model: Any, driver: Driver, fd: int, layout: Layout, own_set: li
     the shared inputs (or, in the null loop, not), copy its output into the output slots, write `done`."""
     device = torch.cuda.current_device()
     size = driver.granular(layout.nbytes, device)
-    handle = driver.import_fd(fd)
-    address = driver.map(handle, size, device)
+    try:
+        handle = driver.import_fd(fd)
+    finally:
+        os.close(fd)  # the imported handle keeps the allocation; the descriptor is no longer needed
+    try:
+        address = driver.map(handle, size, device)
+    except BaseException:
+        driver("cuMemRelease", ctypes.c_ulonglong(handle))
+        raise
     try:
         block = bytes_at(address, size)
         args = [arg if slot is None else slot.view(block) for slot, arg in zip(layout.inputs, own_set, strict=True)]
@@ -379,9 +387,6 @@ def runner_loop(model: Any, driver: Driver, fd: int, layout: Layout, own_set: li
             for dst, part in zip(outs, parts, strict=True):
                 dst.copy_(part)
             driver.write(stream, address + DONE, first_seq + i)
-        torch.cuda.synchronize()
     finally:
-        torch.cuda.synchronize()
+        torch.cuda.synchronize()  # every queued wait and write has run before the block is unmapped
         driver.unmap(address, size, handle)
-        os.close(fd)
-
