@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -57,13 +58,7 @@ from kernelboard.eval.cuda_driver import Driver, bytes_at  # noqa: E402  (the gr
 
 def tensor_at(address: int, shape: tuple[int, ...], torch_dtype: object) -> object:
     """A torch view of device memory this process mapped itself (no allocator owns it)."""
-    import torch
-
-    count = 1
-    for n in shape:
-        count *= n
-    itemsize = torch.empty(0, dtype=torch_dtype).element_size()
-    return bytes_at(address, count * itemsize).view(torch_dtype).view(shape)
+    return bytes_at(address, math.prod(shape) * torch_dtype.itemsize).view(torch_dtype).view(shape)
 
 
 def allocation_bytes(size: int) -> int:

@@ -144,13 +144,15 @@ def output_parts(out: Any) -> tuple[torch.Tensor, ...]:
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
+def asked() -> bool:
+    """Until its first GPU gradings have measured it, the witness runs only where the environment asks for
+    it (WITNESS_GPU_ENV=1: the GPU mechanism tests do), so that a batch's verdicts cannot depend on it (a
+    kernel that faults on the shared block's inputs would otherwise fail the grading's later requests)."""
+    return os.environ.get(WITNESS_GPU_ENV) == "1"
+
+
 def skip_reason(problem: Problem, device: str, set_bytes: int) -> str | None:
-    """Why a shape is not witnessed, or None. Until its first GPU gradings have measured it, the witness
-    runs only where the environment asks for it (WITNESS_GPU_ENV=1: the GPU mechanism tests do), so that
-    a batch's verdicts cannot depend on it (a kernel that faults on the shared block's inputs would
-    otherwise fail the grading's later requests)."""
-    if os.environ.get(WITNESS_GPU_ENV) != "1":
-        return f"not asked for ({WITNESS_GPU_ENV}=1 asks)"
+    """Why a shape is not witnessed, where the witness is asked for, or None."""
     if device != "cuda":
         return "not on a GPU"
     if problem.stateful is not None:
@@ -206,54 +208,98 @@ def describe(timed_median_ms: float, fig: Figures) -> str:
 
 
 class SharedBlock:
-    """The judge's exported allocation, mapped here: its file descriptor goes to the runner."""
+    """The device block both processes map: made and exported by the judge (`exported`; its descriptor goes
+    to the runner with each request), mapped by the runner from that descriptor (`imported`)."""
 
-    def __init__(self, driver: Driver, nbytes: int) -> None:
-        self.driver, self.device = driver, torch.cuda.current_device()
-        self.size = driver.granular(nbytes, self.device)
-        self.handle, self.fd = driver.create_exported(self.size, self.device)
-        self.address = driver.map(self.handle, self.size, self.device)
-        self.bytes = bytes_at(self.address, self.size)
+    def __init__(self, driver: Driver, size: int, handle: int, address: int, fd: int | None) -> None:
+        self.driver, self.size, self.handle, self.address, self.fd = driver, size, handle, address, fd
+        self.bytes = bytes_at(address, size)
         self.flags = self.bytes[:FLAG_BYTES].view(torch.int32)
-        self.flags.zero_()
+
+    @classmethod
+    def exported(cls, driver: Driver, nbytes: int) -> SharedBlock:
+        device = torch.cuda.current_device()
+        size = driver.granular(nbytes, device)
+        handle, fd = driver.create_exported(size, device)
+        block = cls(driver, size, handle, driver.map(handle, size, device), fd)
+        block.flags.zero_()
         torch.cuda.synchronize()
+        return block
+
+    @classmethod
+    def imported(cls, driver: Driver, fd: int, nbytes: int) -> SharedBlock:
+        """The judge's block from the descriptor a request carried (closed here: the handle keeps the block)."""
+        device = torch.cuda.current_device()
+        size = driver.granular(nbytes, device)
+        try:
+            handle = driver.import_fd(fd)
+        finally:
+            os.close(fd)
+        try:
+            address = driver.map(handle, size, device)
+        except BaseException:
+            driver("cuMemRelease", ctypes.c_ulonglong(handle))
+            raise
+        return cls(driver, size, handle, address, None)
+
+    def views(self, layout: Layout) -> tuple[list[torch.Tensor | None], list[torch.Tensor]]:
+        """The input slots (None for an argument that is not a tensor) and the output slots, as tensors."""
+        return ([None if s is None else s.view(self.bytes) for s in layout.inputs],
+                [s.view(self.bytes) for s in layout.outputs])
 
     def close(self) -> None:
-        """Unmapped once every loop has ended (each `JudgeLoop.wait` returned): never a device-wide
-        synchronise, which a loop stuck on a wait would hold for ever."""
+        """Unmapped once no stream of this process waits in it any more (on the judge's side, each
+        `JudgeLoop.wait` returned): never a device-wide synchronise there, which a stuck loop would hold."""
         self.bytes = self.flags = None  # type: ignore[assignment]
         self.driver.unmap(self.address, self.size, self.handle)
-        os.close(self.fd)
+        if self.fd is not None:
+            os.close(self.fd)
+
+
+def fill(slots: Sequence[torch.Tensor | None], values: Sequence[Any]) -> None:
+    """The input slots given one pool set's values (an argument that is not a tensor has no slot)."""
+    for dst, src in zip(slots, values, strict=True):
+        if dst is not None:
+            dst.copy_(src)
+
+
+@dataclass
+class Setup:
+    """What the judge prepares for a shape's witnessed loops: its GPU copy of the timing pool, the block's
+    layout and the block, its L2 flush buffer, the probed positions, and its own part of a span (ms)."""
+
+    pool: list[list[Any]]
+    layout: Layout
+    block: SharedBlock
+    flush: torch.Tensor
+    positions: list[list[torch.Tensor]]
+    own_ms: float
 
 
 class JudgeLoop:
     """One loop of witnessed calls (`with_call` False: the null loop), queued on the judge's own
     non-blocking stream before the runner is asked; `wait` collects the spans and the probes."""
 
-    def __init__(self, driver: Driver, block: SharedBlock, layout: Layout, pool: list[list[Any]],
-                 positions: list[list[torch.Tensor]], flush: torch.Tensor, first_seq: int, calls: int,
-                 with_call: bool) -> None:
+    def __init__(self, driver: Driver, setup: Setup, first_seq: int, calls: int, with_call: bool) -> None:
+        block, pool = setup.block, setup.pool
         self.block, self.first, self.calls, self.with_call = block, first_seq, calls, with_call
         self.stream = torch.cuda.Stream()
         self.starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
         self.ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
         self.probes: list[list[torch.Tensor]] = []
-        ins = [None if s is None else s.view(block.bytes) for s in layout.inputs]
-        outs = [s.view(block.bytes) for s in layout.outputs]
+        ins, outs = block.views(setup.layout)
         self.stream.wait_stream(torch.cuda.current_stream())  # the pool and the flush buffer are ready
         with torch.cuda.stream(self.stream):
             for i in range(calls):
                 j = i % len(pool)
                 self.starts[i].record()
-                for dst, src in zip(ins, pool[j], strict=True):
-                    if dst is not None:
-                        dst.copy_(src)
-                flush.zero_()
+                fill(ins, pool[j])
+                setup.flush.zero_()
                 driver.write(self.stream.cuda_stream, block.address + READY, first_seq + i)
                 driver.wait(self.stream.cuda_stream, block.address + DONE, first_seq + i)
                 self.ends[i].record()
                 if with_call:
-                    self.probes.append([probe(out, pos) for out, pos in zip(outs, positions[j], strict=True)])
+                    self.probes.append([probe(out, pos) for out, pos in zip(outs, setup.positions[j], strict=True)])
         # From now on the runner may be asked: whatever becomes of it, both sides' waits end by this timer.
         self.stalled = False
         self._timer = threading.Timer(WITNESS_GPU_STALL_S, self._stall)
@@ -296,12 +342,11 @@ class JudgeLoop:
         return spans, got
 
 
-def own_cost_ms(layout: Layout, block: SharedBlock, pool: list[list[Any]], flush: torch.Tensor, calls: int) -> float:
+def own_cost_ms(block: SharedBlock, layout: Layout, pool: list[list[Any]], flush: torch.Tensor, calls: int) -> float:
     """The judge's own part of a witnessed span, timed on its stream with no runner: the input copies, the
     flush, and a copy of the output slots' size (the null loop's runner copies that much)."""
     stream = torch.cuda.Stream()
-    ins = [None if s is None else s.view(block.bytes) for s in layout.inputs]
-    outs = [s.view(block.bytes) for s in layout.outputs]
+    ins, outs = block.views(layout)
     scratch = [torch.empty_like(o) for o in outs]
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
@@ -309,9 +354,7 @@ def own_cost_ms(layout: Layout, block: SharedBlock, pool: list[list[Any]], flush
     with torch.cuda.stream(stream):
         for i in range(calls):
             starts[i].record()
-            for dst, src in zip(ins, pool[i % len(pool)], strict=True):
-                if dst is not None:
-                    dst.copy_(src)
+            fill(ins, pool[i % len(pool)])
             flush.zero_()
             for dst, src in zip(scratch, outs, strict=True):
                 dst.copy_(src)
@@ -320,35 +363,23 @@ def own_cost_ms(layout: Layout, block: SharedBlock, pool: list[list[Any]], flush
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
 
 
-def probe_targets(refs: Sequence[Any], seeds: Sequence[int], device: torch.device | str) -> list[list[torch.Tensor]]:
-    """Per pool set, per output part: the positions the judge's `_Targets` probes (the same seeds)."""
-    return [[probe_positions(seed * 16 + i, part.numel(), device) for i, part in enumerate(output_parts(ref))]
-            for seed, ref in zip(seeds, refs, strict=True)]
+def probe_targets(specs: Sequence[Sequence[Sequence[int]]], device: torch.device | str) -> list[list[torch.Tensor]]:
+    """Per pool set, per output part: the probed positions, from the judge's specs ((seed, numel) per part,
+    `judge._probe_spec`: the positions its `_Targets` checks and the runner's probes take)."""
+    return [[probe_positions(seed, numel, device) for seed, numel in spec] for spec in specs]
 
 
-@dataclass
-class Setup:
-    """What the judge prepares for a shape's witnessed loops: its GPU copy of the timing pool, the block's
-    layout and the block, its L2 flush buffer, the probed positions, and its own part of a span (ms)."""
-
-    pool: list[list[Any]]
-    layout: Layout
-    block: SharedBlock
-    flush: torch.Tensor
-    positions: list[list[torch.Tensor]]
-    own_ms: float
-
-
-def prepare(driver: Driver, sets: list[list[Any]], refs: Sequence[Any], seeds: Sequence[int], calls: int) -> Setup:
+def prepare(driver: Driver, sets: list[list[Any]], refs: Sequence[Any], specs: Sequence[Sequence[Sequence[int]]],
+            calls: int) -> Setup:
     """The judge's side, ready: the pool on its GPU, the exported block, a flush buffer twice the L2."""
     pool = [[t.to("cuda") if isinstance(t, torch.Tensor) else t for t in s] for s in sets]
     layout = plan_layout(pool[0], output_parts(refs[0]))
-    block = SharedBlock(driver, layout.nbytes)
+    block = SharedBlock.exported(driver, layout.nbytes)
     try:
         l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
         flush = torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
-        positions = probe_targets(refs, seeds, "cuda")
-        return Setup(pool, layout, block, flush, positions, own_cost_ms(layout, block, pool, flush, calls))
+        return Setup(pool, layout, block, flush, probe_targets(specs, "cuda"),
+                     own_cost_ms(block, layout, pool, flush, calls))
     except BaseException:
         block.close()
         raise
@@ -358,25 +389,14 @@ def runner_loop(model: Any, driver: Driver, fd: int, layout: Layout, own_set: li
                 with_call: bool) -> None:
     """The runner's side of one loop: map the judge's block, then per call wait on `ready`, call the solution on
     the shared inputs (or, in the null loop, not), copy its output into the output slots, write `done`."""
-    device = torch.cuda.current_device()
-    size = driver.granular(layout.nbytes, device)
+    block = SharedBlock.imported(driver, fd, layout.nbytes)
     try:
-        handle = driver.import_fd(fd)
-    finally:
-        os.close(fd)  # the imported handle keeps the allocation; the descriptor is no longer needed
-    try:
-        address = driver.map(handle, size, device)
-    except BaseException:
-        driver("cuMemRelease", ctypes.c_ulonglong(handle))
-        raise
-    try:
-        block = bytes_at(address, size)
-        args = [arg if slot is None else slot.view(block) for slot, arg in zip(layout.inputs, own_set, strict=True)]
-        outs = [s.view(block) for s in layout.outputs]
+        ins, outs = block.views(layout)
+        args = [arg if slot is None else slot for slot, arg in zip(ins, own_set, strict=True)]
         stand_ins = [torch.zeros_like(o) for o in outs]
         stream = torch.cuda.current_stream().cuda_stream
         for i in range(calls):
-            driver.wait(stream, address + READY, first_seq + i)
+            driver.wait(stream, block.address + READY, first_seq + i)
             if with_call:
                 with torch.no_grad():
                     parts = output_parts(model(*args))
@@ -386,7 +406,7 @@ def runner_loop(model: Any, driver: Driver, fd: int, layout: Layout, own_set: li
                 raise RuntimeError(f"the call returned {len(parts)} output parts, the reference {len(outs)}")
             for dst, part in zip(outs, parts, strict=True):
                 dst.copy_(part)
-            driver.write(stream, address + DONE, first_seq + i)
+            driver.write(stream, block.address + DONE, first_seq + i)
     finally:
         torch.cuda.synchronize()  # every queued wait and write has run before the block is unmapped
-        driver.unmap(address, size, handle)
+        block.close()

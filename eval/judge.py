@@ -217,7 +217,7 @@ def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int, keep_timing_inp
     for a non-tensor input). The judge lets go of its copies of the timing and floor-batch sets before
     the runner places its own on the GPU: on 06's headline shape the two sides' copies, 15 GB each, did
     not fit an 80 GB H100 together (2026-12-06); it keeps the timing sets for the GPU witness only where
-    it is asked for and they are small (gpu_witness.skip_reason)."""
+    that is asked for and they are small (gpu_witness.asked, skip_reason), and logs why where they are not."""
     arena = Arena({"init_args": plan.init_args, "state_dict": plan.state_dict,
                    "checks": [c.inputs for c in plan.checks], "timing": plan.timing_sets, "proof": plan.proof_sets})
     log("worker", f"shape {plan.shape.idx}: {arena.size / 1e9:.2f} GB of inputs and state copied to shared memory")
@@ -230,8 +230,11 @@ def _share(link: RunnerLink, plan: ShapePlan, k: int, seed: int, keep_timing_inp
         check.inputs = []  # the arena holds the runner's copy; `pristine` keeps the judge's
     routed = plan.reference_step is not None  # its other expert choices are computed from the sets (_RunnerUps)
     plan.timing_inputs = plan.timing_sets if keep_timing_inputs or routed else []  # for rules that read the inputs
-    witnessed = bool(plan.timing_sets) and gpu_witness.skip_reason(problem, device, nbytes(*plan.timing_sets)) is None
-    plan.witness_sets = plan.timing_sets if witnessed else []
+    if device == "cuda" and gpu_witness.asked():
+        why = gpu_witness.skip_reason(problem, device, nbytes(*plan.timing_sets))
+        plan.witness_sets = plan.timing_sets if why is None else []
+        if why is not None:
+            log("worker", f"shape {plan.shape.idx}: not witnessed on the GPU: {why}")
     plan.proof_inputs = plan.proof_sets if routed else []
     plan.timing_sets = []
     plan.proof_sets = []
@@ -552,13 +555,13 @@ class _Targets:
         for seed, ref in zip(seeds, refs, strict=True):
             row: list[tuple[torch.Tensor, torch.Tensor, float, float] | None] = []
             parts = ref if isinstance(ref, tuple) else (ref,)
-            for i, part in enumerate(parts):
+            for i, (part, (position_seed, numel)) in enumerate(zip(parts, _probe_spec(seed, ref), strict=True)):
                 if problem.output_rule == "topk" and i == 1:
                     row.append(None)
                     continue
                 atol, rtol = (problem.tolerance_for(dtype_name(part.dtype), None)
                               if part.is_floating_point() else (0.0, 0.0))
-                row.append((part, probe_positions(seed * 16 + i, part.numel(), "cpu"), atol, rtol))
+                row.append((part, probe_positions(position_seed, numel, "cpu"), atol, rtol))
             self.rows.append(row)
 
     def check(self, got: torch.Tensor, which: list[int], what: str) -> None:
@@ -712,21 +715,18 @@ def _witness_gpu(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, ti
     fails here is logged and the grading goes on."""
     where = f"shape {plan.shape.idx}"
     sets, plan.witness_sets = plan.witness_sets, []
-    if not sets:
-        why = gpu_witness.skip_reason(problem, "cuda", 0) or "its timing sets are too large for the judge to keep"
-        if not why.startswith("not asked for"):
-            log("worker", f"{where}: not witnessed on the GPU: {why}")
+    if not sets:  # not asked for, or skipped (_share said why)
         return
     setup: gpu_witness.Setup | None = None
     loop: gpu_witness.JudgeLoop | None = None
     try:
         driver = Driver()
-        setup = gpu_witness.prepare(driver, sets, plan.timing_refs, plan.timing_seeds, WITNESS_GPU_CALLS)
+        specs = [_probe_spec(seed, ref) for seed, ref in zip(plan.timing_seeds, plan.timing_refs, strict=True)]
+        setup = gpu_witness.prepare(driver, sets, plan.timing_refs, specs, WITNESS_GPU_CALLS)
         spans: dict[bool, list[float]] = {}
         got = None
         for first, with_call in ((1, False), (1 + WITNESS_GPU_CALLS, True)):
-            loop = gpu_witness.JudgeLoop(driver, setup.block, setup.layout, setup.pool, setup.positions, setup.flush,
-                                         first, WITNESS_GPU_CALLS, with_call)
+            loop = gpu_witness.JudgeLoop(driver, setup, first, WITNESS_GPU_CALLS, with_call)
             reply = link.ask("witness", f"{where}: witnessed calls", fds=(setup.block.fd,), keep_error=True,
                              shape=k, layout=setup.layout.encode(), first=first, calls=WITNESS_GPU_CALLS,
                              call=with_call)

@@ -528,7 +528,6 @@ def test_the_judge_lets_go_of_its_sets_before_the_runner_places_them_and_refuses
     assert asked == [(0, 0, 0)]  # nothing of the judge's sets is held while the runner places its own
     # but the GPU witness's pool, where the sets are small (this CPU shape's are); 06's headline's are not
     assert plan.witness_sets == []  # the GPU witness is off unless asked for (KERNELBOARD_GPU_WITNESS=1)
-    monkeypatch.setenv("KERNELBOARD_GPU_WITNESS", "1")
     assert gpu_witness.skip_reason(problem, "cuda", 15 * gb) == (
         "its timing sets are 15.00 GB, over the 1.07 GB the judge keeps for it")
     assert plan.state_dict == {}  # nor the Model's state, which the runner's Model holds
