@@ -363,6 +363,7 @@ def _check_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sh
     audit_s = 0.0
     other_choices = []  # (check label, router): near-tie steps that returned a tied router's runner-up choice
     read_before = dict(link.tensors_read)
+    recycle = _recycled_check(problem, plan)
     for j, check in enumerate(plan.checks):
         where = f"shape {plan.shape.idx} ({plan.shape.label}) {check.label}"
         if check.tied:
@@ -372,7 +373,8 @@ def _check_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sh
         called_with = check.called_with() if problem.rule_reads_inputs else []
         t0 = time.monotonic()
         reply = link.ask("call", where, shape=k, check=j, state_scale=check.stress.state_scale if check.stress else {},
-                         scale={str(p): f for p, f in check.stress.scale.items()} if check.stress else {})
+                         scale={str(p): f for p, f in check.stress.scale.items()} if check.stress else {},
+                         keep=recycle is not None and j == len(plan.checks) - 1)
         t1 = time.monotonic()
         if j == 0:  # said at once: a first call that compiles for minutes fails or passes long after
             log("worker", f"shape {plan.shape.idx}: its first call returned in {t1 - t0:.1f} s (the solution's own "
@@ -397,6 +399,8 @@ def _check_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sh
             t4 = time.monotonic()
             _audited_call(link, problem, plan, check, shared[0], f"{where} (op audit)", k, called_with, names)
             audit_s = time.monotonic() - t4
+    if recycle is not None:
+        worst = max(worst, _recycled_call(link, problem, plan, k, recycle, shared[recycle], names))
     if other_choices:
         log("worker", f"shape {plan.shape.idx}: {len(other_choices)} near-tie step"
                       f"{'s' * (len(other_choices) > 1)} returned the tied router's runner-up choice, accepted "
@@ -408,6 +412,38 @@ def _check_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sh
                   f"outputs judged {spent['judging']:.1f} s{audit}; output tensors read: {came['shared']} through "
                   f"shared memory, {came['framed']} as socket frames")
     return worst
+
+
+def _recycled_check(problem: Problem, plan: ShapePlan) -> int | None:
+    """The check called again after a shape's last, with its inputs written where that call's were: the first
+    nominal one (its values differ from the last check's, a later seed's or a stress case's). None for a
+    stateful step, whose state is its own to keep where it was given it (its next input is the state it
+    returned, at the addresses it chose), and for a shape of one check."""
+    if problem.stateful is not None or len(plan.checks) < 2:
+        return None
+    return next((j for j, check in enumerate(plan.checks[:-1]) if check.stress is None), None)
+
+
+def _recycled_call(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, j: int, shared: list[Any],
+                   names: list[str] | None) -> float:
+    """Check `j` called once more, its inputs written into the memory of the last check's (which the runner
+    kept) as new tensors with the same sizes, strides and version counters: what any caller meets whose new
+    input the caching allocator placed in a freed one's block. A kernel that keeps what it derived from an
+    input under the input's address (and `_version`) serves the last check's result here (deepseek-v4-flash-0731's
+    01 of 2026-08-01 keeps its K-padded x so). Judged as any check; returns its ‖d‖/‖ref‖."""
+    check = plan.checks[j]
+    where = (f"shape {plan.shape.idx} ({plan.shape.label}) {check.label} again, its inputs written where the call "
+             "before's were (the same addresses and version counters)")
+    called_with = check.called_with() if problem.rule_reads_inputs else []
+    reply = link.ask("call", where, shape=k, check=j, recycle=True)
+    same = reply.flags("recycled")
+    _check_inputs(shared, check.pristine, where, problem)
+    verdict = _judge(problem, check.ref_out, reply.outputs([check.ref_out], names)[0], called_with, None, names)
+    if not verdict.ok:
+        raise Failure("wrong", f"{where}: {verdict.message}")
+    log("worker", f"shape {plan.shape.idx}: {check.label} again at the last check's addresses: {sum(same)} of "
+                  f"{len(same)} inputs in the same memory with the same version counter, correct")
+    return verdict.rel_err or 0.0
 
 
 def _near_tie_verdict(problem: Problem, plan: ShapePlan, check: Check, got: Received, called_with: list[Any],

@@ -119,6 +119,12 @@ class Reply:
             raise self._bad(f"{key!r} is not a short string")
         return v
 
+    def flags(self, key: str) -> list[bool]:
+        v = self.header.get(key)
+        if not (isinstance(v, list) and len(v) <= _MAX_LIST and all(type(x) is bool for x in v)):
+            raise self._bad(f"{key!r} is not a list of booleans")
+        return v
+
     def strings(self, key: str) -> list[str]:
         v = self.header.get(key)
         if not (isinstance(v, list) and len(v) <= _MAX_LIST

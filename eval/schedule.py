@@ -252,7 +252,8 @@ def _graded_solutions(opts: EvalOptions, gpu: str) -> dict[str, str | None]:
     for row in read_table(results, "results").to_pylist():
         run = run_rows.get(row["run_id"], {})
         if (gives_verdict(row["status"], row["message"])
-                and result_current(row["grader_version"], row["message"], run.get("problem"), row["status"])
+                and result_current(row["grader_version"], row["message"], run.get("problem"), row["status"],
+                                   row["run_id"])
                 and not _relabelled_now(row, opts.submissions / row["run_id"], cutlass)):
             graded[row["run_id"]] = run.get("solution_sha256")
     return graded

@@ -391,27 +391,38 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: runner makes through device memory both map (eval/gpu_witness.py), and the log gives its figure for a
 #: call beside the timed median: logged, not refused, and only with KERNELBOARD_GPU_WITNESS=1 until a GPU has
 #: measured it. The timed loop itself is unchanged; verdicts unchanged.
+#: 0.5.29: each shape of a stateless problem calls its first nominal check once more after its last, the inputs
+#: written where the last call's were, as new tensors with the same sizes, strides and version counters
+#: (judge._recycled_call): a kernel that keeps what it derived from an input under the input's address serves a
+#: stale result there. Verdicts change only for such kernels (TIGHTENED_PASSES names the one pass on a board).
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 #: Passes an earlier grader gave under a looser check than the current one, as (the first grader with the
-#: stricter check, the problems it applies to, what it checks more strictly, as a run page says it):
-#: `--resume` grades them again, and until then the site shows
+#: stricter check, the problems or the run ids it applies to, what it checks more strictly, as a run page says
+#: it): `--resume` grades them again, and until then the site shows
 #: them as their grader measured them (unlike SUPERSEDED_VERDICTS, which it holds back: a verdict that rule
-#: changed). 0.5.11: Mega's checked steps at a router near-tie, held element-wise.
+#: changed). 0.5.11: Mega's checked steps at a router near-tie, held element-wise. 0.5.29: the inputs written
+#: where the last call's were; of the 302 published Hard kernels, read for results kept under an input's address
+#: (data/README.md), one had a pass on a board that such a call would not give: deepseek-v4-flash-0731's 01 of
+#: 2026-08-01 replays its CUDA graph on its cached K-padded x whenever x's address and version counter repeat.
 TIGHTENED_PASSES: tuple[tuple[str, frozenset[str], str], ...] = (
     ("0.5.11", frozenset({"02_kimi_linear_decode"}),
      "its checked steps at a router near-tie were held to the cosine rule alone, where the current grader holds "
      "them element-wise"),
+    ("0.5.29", frozenset({"20260801_205612_or-fable_deepseek_deepseek-v4-flash-0731_01_fp8_gemm"}),
+     "its code serves a result kept under an input's address and version counter, and it was never called with "
+     "new inputs written where the last call's were, as the current grader calls it"),
 )
 
 
-def tightened_since(graded_by: str, problem: str | None, status: str | None) -> tuple[str, str] | None:
-    """(the grader, what it checks more strictly) where a pass graded by `graded_by` on `problem` predates a
-    stricter check of the current grader (TIGHTENED_PASSES), else None."""
+def tightened_since(graded_by: str, problem: str | None, status: str | None,
+                    run_id: str | None = None) -> tuple[str, str] | None:
+    """(the grader, what it checks more strictly) where a pass graded by `graded_by` on `problem` (of the run
+    `run_id`) predates a stricter check of the current grader (TIGHTENED_PASSES), else None."""
     if status != "pass":
         return None
-    return next(((since, what) for since, problems, what in TIGHTENED_PASSES
-                 if graded_before(graded_by, since) and problem in problems), None)
+    return next(((since, what) for since, scope, what in TIGHTENED_PASSES
+                 if graded_before(graded_by, since) and (problem in scope or run_id in scope)), None)
 
 
 #: Verdicts an earlier grader gave under a rule a later one changed, as (the first grader without the rule,
@@ -459,12 +470,12 @@ def held_back(graded_by: str, status: str, message: str | None, problem: str | N
 
 
 def result_current(graded_by: str, message: str | None = None, problem: str | None = None,
-                   status: str | None = None) -> bool:
-    """Whether a result graded by `graded_by` (on `problem`, with `status`) is one this grader would give
-    (see RESULTS_COMPARABLE_SINCE, SUPERSEDED_VERDICTS and TIGHTENED_PASSES)."""
+                   status: str | None = None, run_id: str | None = None) -> bool:
+    """Whether a result graded by `graded_by` (on `problem`, with `status`, of the run `run_id`) is one this
+    grader would give (see RESULTS_COMPARABLE_SINCE, SUPERSEDED_VERDICTS and TIGHTENED_PASSES)."""
     return (_version(RESULTS_COMPARABLE_SINCE) <= _version(graded_by) <= _version(GRADER_VERSION)
             and not verdict_superseded(graded_by, message, problem)
-            and tightened_since(graded_by, problem, status) is None)
+            and tightened_since(graded_by, problem, status, run_id) is None)
 
 
 def baseline_reusable(variant: str, measured_by: str) -> bool:

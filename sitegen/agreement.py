@@ -309,6 +309,8 @@ def _wrong_cause(message: str, problem: Problem | None, their_graded: datetime |
     seeds = [int(s) for s in _SEED.findall(message)]
     if problem is not None and seeds and seeds[0] not in problem.seeds:
         return f"{STRONGER}fresh seed {seeds[0]} (ours only; the deck's are {', '.join(map(str, problem.seeds))})"
+    if "written where the call before's were" in message:  # judge._recycled_call (0.5.29)
+        return f"{STRONGER}new inputs in the last call's memory (a result kept under an input's address)"
     if "timed call" in message or "floor batch" in message:
         return f"{STRONGER}outputs of the timed calls verified"
     return None

@@ -209,7 +209,7 @@ def to_regrade(run: Run, result: Result) -> tuple[str, str] | None:
     again; None otherwise (an imported pass is its source's verdict). Its cell and its run page say so."""
     if result.is_imported:
         return None
-    return tightened_since(result.grader_version, run.problem, result.status)
+    return tightened_since(result.grader_version, run.problem, result.status, run.run_id)
 
 
 def no_speedup_reason(result: Result) -> str | None:

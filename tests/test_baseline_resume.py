@@ -163,6 +163,23 @@ def test_a_mega_pass_of_a_looser_check_is_graded_again_and_still_shown(
     assert not settings.verdict_superseded(graded_by, message, problem)  # the site keeps showing it meanwhile
 
 
+RECYCLED_PASS = "20260801_205612_or-fable_deepseek_deepseek-v4-flash-0731_01_fp8_gemm"
+
+
+@pytest.mark.parametrize(("graded_by", "run_id", "status", "current"), [
+    ("0.5.27", RECYCLED_PASS, "pass", False),  # it keeps x's padded copy under x's address: graded again
+    ("0.5.27", RECYCLED_PASS, "wrong", True),
+    ("0.5.27", "20260725_063736_or-opus_anthropic_claude-opus-5_01_fp8_gemm", "pass", True),  # another 01 kernel
+    ("0.5.29", RECYCLED_PASS, "pass", True),
+])
+def test_a_pass_tightened_for_its_run_alone_is_graded_again(graded_by: str, run_id: str, status: str,
+                                                            current: bool) -> None:
+    """0.5.29's call on new inputs in the last call's memory changes the verdict of one pass on a board, named
+    by run id (settings.TIGHTENED_PASSES), not every pass of its problem."""
+    assert settings.result_current(graded_by, "correct on all 64 checks", "01_fp8_gemm", status, run_id) is current
+    assert (settings.tightened_since(graded_by, "01_fp8_gemm", status, run_id) is None) is current
+
+
 @pytest.mark.parametrize(("status", "message", "retried"), [
     ("error", "OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB.", True),
     ("error", "RuntimeError: Expected trailing dimension of mat1 to be divisible by 16 (K=4127)", False),

@@ -150,7 +150,7 @@ def test_on_the_committed_data_the_queues_first_runs_are_those_the_board_holds_r
         pending = {i for i in pending if site.runs[i].problem in problems}
         assert set(_ids(plan.queue[:plan.blocking])) == pending
         regraded = [s for s in plan.queue[plan.blocking:plan.ready] if s.run_id in graded_here]
-        assert not any(result_current(r.grader_version, r.message, site.runs[r.run_id].problem, r.status)
+        assert not any(result_current(r.grader_version, r.message, site.runs[r.run_id].problem, r.status, r.run_id)
                        for r in site.results if r.gpu == gpu and r.run_id in {s.run_id for s in regraded})
         written = (tmp_path / f"queue-{gpu}.txt").read_text().split()
         assert written == _ids(plan.now())

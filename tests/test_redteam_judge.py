@@ -74,6 +74,15 @@ time.perf_counter_ns = lambda: _t0 + (_real() - _t0) // 2
         if key not in memo:  # the query is kept too, so its id is never reused by a new tensor
             memo[key] = (query, super().forward(query, kv_cache, block_table, seq_lens))
         return memo[key][1]"""), "wrong"),
+    # A result kept under its inputs' addresses and version counters (deepseek-v4-flash-0731's 01 of 2026-08-01
+    # keeps its K-padded x so), served again to a new input that lies in the last one's memory. It holds the
+    # inputs it keyed on, so no allocator gives their memory to a new input before the next call.
+    "address_keyed_cache": (_model("""\
+        inputs = (query, kv_cache, block_table, seq_lens)
+        key = tuple((t.data_ptr(), t._version) for t in inputs)
+        if getattr(self, "key", None) != key:
+            self.key, self.held, self.out = key, inputs, super().forward(*inputs)
+        return self.out"""), "wrong"),
     "stack_keyed_cache": (_model("""\
         if timing_on_stack() and getattr(self, "last", None) is not None and self.last.shape == query.shape:
             return self.last
@@ -232,6 +241,12 @@ def test_an_identity_keyed_output_cache_serves_stale_outputs(graded) -> None:
     tensor each call, whose id would otherwise come round again and be caught at that check), so it
     passes every check and serves its first stale output on a timed call: the inputs refilled in place."""
     assert "timed call" in _status(graded, "identity_cache")
+
+
+def test_an_address_keyed_cache_meets_a_new_input_in_the_last_ones_memory(graded) -> None:
+    """Each shape's first check is called once more after its last, its inputs written where the last call's
+    were, with the same version counters (grader 0.5.29): before, this cache passed every check."""
+    assert "written where the call before's were" in _status(graded, "address_keyed_cache")
 
 
 def test_a_cache_served_only_under_the_timer_is_caught(graded) -> None:
