@@ -436,13 +436,14 @@ def _recycled_call(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, 
              "before's were (the same addresses and version counters)")
     called_with = check.called_with() if problem.rule_reads_inputs else []
     reply = link.ask("call", where, shape=k, check=j, recycle=True)
-    same = reply.flags("recycled")
+    same, ident = reply.flags("recycled"), reply.flags("recycled_ids")
     _check_inputs(shared, check.pristine, where, problem)
     verdict = _judge(problem, check.ref_out, reply.outputs([check.ref_out], names)[0], called_with, None, names)
     if not verdict.ok:
         raise Failure("wrong", f"{where}: {verdict.message}")
     log("worker", f"shape {plan.shape.idx}: {check.label} again at the last check's addresses: {sum(same)} of "
-                  f"{len(same)} inputs in the same memory with the same version counter, correct")
+                  f"{len(same)} inputs in the same memory with the same version counter ({sum(ident)} with the same "
+                  "Python id), correct")
     return verdict.rel_err or 0.0
 
 

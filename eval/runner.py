@@ -90,22 +90,16 @@ def _place(value: Any, device: str) -> tuple[Any, torch.Tensor | None]:
 
 
 class _Kept(NamedTuple):
-    """Where one tensor argument of a call lay, and its version counter as the call was given it: the next
-    call's input at that position is written there (`_recycled`)."""
+    """One tensor argument of a call, and its version counter as the call was given it: the next call's input
+    at that position is written into its memory (`_recycle`)."""
 
-    storage: torch.UntypedStorage
-    offset: int
-    size: torch.Size
-    stride: tuple[int, ...]
-    dtype: torch.dtype
+    tensor: torch.Tensor
     version: int
 
 
 def _kept(args: list[Any]) -> list[_Kept | None]:
-    """A call's tensor arguments as `_Kept`, before the call (the versions it is given); the tensors
-    themselves are let go, only their memory stays."""
-    return [_Kept(a.untyped_storage(), a.storage_offset(), a.shape, a.stride(), a.dtype, a._version)
-            if type(a) is torch.Tensor else None for a in args]
+    """A call's tensor arguments as `_Kept`, before the call (the versions it is given)."""
+    return [_Kept(a, a._version) if type(a) is torch.Tensor else None for a in args]
 
 
 def _set_version(tensor: torch.Tensor, version: int) -> None:
@@ -117,27 +111,63 @@ def _set_version(tensor: torch.Tensor, version: int) -> None:
         setter(tensor, version)
 
 
-def _recycled(value: Any, kept: _Kept | None, device: str) -> tuple[Any, torch.Tensor | None, bool]:
-    """A check's input written into the memory where the call before's input at that position lay, as a new
-    tensor with that input's size, strides and version counter: (argument, view to write back to, whether it
-    was). A kernel that keeps what it derived from an input under the input's address (and version) would
-    serve it again here, as it would to any caller whose new input the caching allocator placed in a freed
-    one's block. Where the two differ in size, strides, dtype or device, placed as any check's input."""
-    if not isinstance(value, _Shared) or kept is None:
-        return (*_place(value, device), False)
-    stride = value.stride or value.view.stride()
-    if (kept.size != value.view.shape or kept.stride != tuple(stride) or kept.dtype != value.view.dtype
-            or kept.storage.device.type != torch.device(device).type):
-        return (*_place(value, device), False)
-    live = torch.empty(0, dtype=kept.dtype, device=kept.storage.device)
-    live.set_(kept.storage, kept.offset, kept.size, kept.stride)
-    try:
-        live.copy_(value.view)
-    except RuntimeError:  # overlapping strides: not written in place
-        return (*_place(value, device), False)
-    with contextlib.suppress(AttributeError, RuntimeError, TypeError):  # no setter: the same memory, a new counter
-        _set_version(live, kept.version)
-    return live, value.view, live._version == kept.version
+class _Slot(NamedTuple):
+    """Where a kept argument lay: its memory, offset, size, strides, dtype, device, version counter and id."""
+
+    storage: torch.UntypedStorage
+    offset: int
+    size: torch.Size
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    version: int
+    ident: int
+
+
+def _slot(value: Any, kept: _Kept | None, device: str) -> _Slot | None:
+    """The memory a check's input can be written into: the kept argument's, where the two agree in size,
+    strides, dtype and device type; else None."""
+    if kept is None or not isinstance(value, _Shared):
+        return None
+    t = kept.tensor
+    if (t.shape != value.view.shape or t.stride() != tuple(value.stride or value.view.stride())
+            or t.dtype != value.view.dtype or t.device.type != torch.device(device).type):
+        return None
+    return _Slot(t.untyped_storage(), t.storage_offset(), t.shape, t.stride(), t.dtype, t.device, kept.version, id(t))
+
+
+def _recycle(values: list[Any], kept: list[_Kept | None], device: str) -> tuple[list[tuple[Any, Any]], list[bool],
+                                                                             list[bool]]:
+    """A check's inputs written into the memory of the last call's arguments (`kept`, which this empties), as
+    new tensors with their sizes, strides and version counters: (argument, view to write back to) per input,
+    and per input whether it lies in the same memory with the same version, and whether it has the same Python
+    id. A kernel that keeps what it derived from an input under the input's address (and version) serves it
+    again here, as it would to any caller whose new input the caching allocator placed in a freed one's block.
+    The new tensors are made right after the old ones are let go, so Python often gives them the same ids (a
+    key of `id(x)` meets them too, unless the kernel holds the old tensor). An input that does not fit its
+    slot is placed as any check's."""
+    slots = [_slot(v, kept[i] if i < len(kept) else None, device) for i, v in enumerate(values)]
+    kept.clear()  # the last references of the runner's: freed last to first, so the first new tensor takes the first's
+    lives = [None if s is None else torch.empty(0, dtype=s.dtype, device=s.device) for s in slots]
+    placed, same, ident = [], [], []
+    for value, s, live in zip(values, slots, lives, strict=True):
+        ident.append(s is not None and id(live) == s.ident)
+        if s is None or live is None:
+            placed.append(_place(value, device))
+            same.append(False)
+            continue
+        live.set_(s.storage, s.offset, s.size, s.stride)
+        try:
+            live.copy_(value.view)
+        except RuntimeError:  # overlapping strides: not written in place
+            placed.append(_place(value, device))
+            same.append(False)
+            continue
+        with contextlib.suppress(AttributeError, RuntimeError, TypeError):  # no setter: the same memory, a new counter
+            _set_version(live, s.version)
+        placed.append((live, value.view))
+        same.append(live._version == s.version)
+    return placed, same, ident
 
 
 def _raise_unchecked_launch_error() -> None:
@@ -290,7 +320,7 @@ class _Runner:
         self.flush: torch.Tensor | None = None
         self.l2_bytes = 0
         self.origins: origins.KernelOrigins | None = None  # read once per runner: _op_kernels
-        self.kept: list[_Kept | None] = []  # where a `keep` call's inputs lay, for the next (`recycle`) call
+        self.kept: list[_Kept | None] = []  # a `keep` call's arguments, for the next (`recycle`) call
         if self.device == "cuda":
             torch.cuda.init()
 
@@ -393,11 +423,10 @@ class _Runner:
         header: dict[str, Any] = {}
         kept, self.kept = self.kept, []
         if request.get("recycle"):  # written where the call before's inputs were (it was asked to `keep`)
-            recycled = [_recycled(v, kept[i] if i < len(kept) else None, self.device) for i, v in enumerate(values)]
-            placed = [(arg, view) for arg, view, _ in recycled]
-            header["recycled"] = [same for _, _, same in recycled]
+            placed, header["recycled"], header["recycled_ids"] = _recycle(values, kept, self.device)
         else:
             placed = [_place(v, self.device) for v in values]
+        del kept
         # A numeric stress case: its scaled inputs are new tensors; what comes back to the arena is the
         # placed copy of what the judge shared, which the call never saw at a scaled position.
         args = scaled_positions([arg for arg, _ in placed], _scale(request.get("scale")))

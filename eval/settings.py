@@ -403,15 +403,17 @@ RESULTS_COMPARABLE_SINCE = "0.4.4"
 #: them as their grader measured them (unlike SUPERSEDED_VERDICTS, which it holds back: a verdict that rule
 #: changed). 0.5.11: Mega's checked steps at a router near-tie, held element-wise. 0.5.29: the inputs written
 #: where the last call's were; of the 302 published Hard kernels, read for results kept under an input's address
-#: (data/README.md), one had a pass on a board that such a call would not give: deepseek-v4-flash-0731's 01 of
-#: 2026-08-01 replays its CUDA graph on its cached K-padded x whenever x's address and version counter repeat.
+#: (data/README.md), two have a pass on a board that such a call may not give: deepseek-v4-flash-0731's 01 of
+#: 2026-08-01 replays its CUDA graph on its cached K-padded x whenever x's address and version counter repeat, and
+#: its 06 of 2026-08-01 keeps its tile schedule under `id(offsets)` and the offsets' version counter.
 TIGHTENED_PASSES: tuple[tuple[str, frozenset[str], str], ...] = (
     ("0.5.11", frozenset({"02_kimi_linear_decode"}),
      "its checked steps at a router near-tie were held to the cosine rule alone, where the current grader holds "
      "them element-wise"),
-    ("0.5.29", frozenset({"20260801_205612_or-fable_deepseek_deepseek-v4-flash-0731_01_fp8_gemm"}),
-     "its code serves a result kept under an input's address and version counter, and it was never called with "
-     "new inputs written where the last call's were, as the current grader calls it"),
+    ("0.5.29", frozenset({"20260801_205612_or-fable_deepseek_deepseek-v4-flash-0731_01_fp8_gemm",
+                          "20260801_233528_or-fable_deepseek_deepseek-v4-flash-0731_06_sonic_moe_swiglu"}),
+     "its code serves a result kept under an input's address (or id) and version counter, and it was never called "
+     "with new inputs written where the last call's were, as the current grader calls it"),
 )
 
 

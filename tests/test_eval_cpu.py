@@ -309,8 +309,8 @@ def test_a_passing_log_splits_each_shapes_correctness_time(graded) -> None:
     ways = re.findall(r"; output tensors read: (\d+) through shared memory, (\d+) as socket frames \(\+", text)
     assert [(int(shared), int(framed)) for shared, framed in ways] == [(int(n) + 2, 0) for n, *_ in split]
     recycled = re.findall(r"^\[worker\] shape \d+: seed \d+ case nominal again at the last check's addresses: "
-                          r"(\d+) of (\d+) inputs in the same memory with the same version counter, correct", text,
-                          re.MULTILINE)
+                          r"(\d+) of (\d+) inputs in the same memory with the same version counter \(\d+ with the same "
+                          r"Python id\), correct", text, re.MULTILINE)
     assert recycled == [("4", "4")] * len(split)  # query, kv_cache, block_table, seq_lens
 
 
