@@ -416,9 +416,10 @@ def _check_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, sh
 
 def _recycled_check(problem: Problem, plan: ShapePlan) -> int | None:
     """The check called again after a shape's last, with its inputs written where that call's were: the first
-    nominal one (its values differ from the last check's, a later seed's or a stress case's). None for a
-    stateful step, whose state is its own to keep where it was given it (its next input is the state it
-    returned, at the addresses it chose), and for a shape of one check."""
+    nominal one (its values differ from the last check's, a later seed's or a stress case's). None for a shape
+    of one check, and for a stateful step (Mega), not called so yet: a step may update its state in place, so
+    the memory to recycle would be the state as the step left it, and a step that reads a state it kept under
+    an address is met only where the allocator repeats one (glm-5.2's 211430)."""
     if problem.stateful is not None or len(plan.checks) < 2:
         return None
     return next((j for j, check in enumerate(plan.checks[:-1]) if check.stress is None), None)

@@ -394,7 +394,7 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: 0.5.29: each shape of a stateless problem calls its first nominal check once more after its last, the inputs
 #: written where the last call's were, as new tensors with the same sizes, strides and version counters
 #: (judge._recycled_call): a kernel that keeps what it derived from an input under the input's address serves a
-#: stale result there. Verdicts change only for such kernels (TIGHTENED_PASSES names the one pass on a board).
+#: stale result there. Verdicts change only for such kernels (TIGHTENED_PASSES names the two passes it may change).
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 #: Passes an earlier grader gave under a looser check than the current one, as (the first grader with the
