@@ -10,6 +10,7 @@
 #               IDS=all grades every run of the deck not graded yet (--resume decides);
 #               IDS=todo grades the queue `kernelboard eval todo` writes from the seeded folder, asked again
 #               after each round while more than TODO_MIN_LEFT (60) seconds are left
+#               (the gradings run with the judge's GPU witness: KERNELBOARD_GPU_WITNESS=0 runs them without)
 #   DECK=mega   the Mega deck (default hard)
 #   EXCLUDE=g,h run_id globs left out (eval --exclude): a kernel that outlasts a call, say
 #   EVAL_ARGS='…' more `kernelboard eval` options (say --check-timeout 1500 --timeout 2400 for a kernel
@@ -98,6 +99,9 @@ if [ -n "${XPT:-}" ]; then
 fi
 
 if [ -n "${IDS:-}" ]; then
+  # The judge's GPU witness on every grading (logged beside the timed median, never a verdict), so the boards'
+  # gradings give the honest ratios its rule waits for; KERNELBOARD_GPU_WITNESS=0 grades without it.
+  export KERNELBOARD_GPU_WITNESS=${KERNELBOARD_GPU_WITNESS:-1}
   SEED=${SEED:-data/results}
   mkdir -p $WORK/res
   if [ -f "$SEED" ]; then tar -C $WORK -xzf "$SEED"; else cp -r "$SEED"/. $WORK/res/; fi

@@ -158,17 +158,21 @@ WITNESS_MIN_SPAN_MS = 0.25
 #: copies and flush plus WITNESS_GPU_SWITCH_CAP_MS, the two context switches a call pays: 283–318 µs on an
 #: H100 (bench/cross_process_timing.py, 2026-12-07), with room. Where the judge's figure for a call is at least
 #: WITNESS_GPU_MIN_MS, a timed median under WITNESS_GPU_FACTOR of it is logged as doubtful (not refused until
-#: honest gradings give the ratios: the grader-shaped handshake read 0.59–0.81 honest and 0.35–0.40 for a
-#: halved clock). A shape whose timing sets are over WITNESS_GPU_MAX_BYTES in all is not witnessed (the judge
+#: honest gradings give the ratios). Its first measurement (tests/test_eval_gpu.py, an H100 80GB HBM3,
+#: 2026-12-07, grader 0.5.29): the house 03 kernel read 0.99 at its 0.123 ms shape (1.23 at its 0.020 ms one,
+#: under WITNESS_GPU_MIN_MS), the same kernel with its event timer halved in the timed loop alone 0.56 and 0.63:
+#: 0.75 lies between (the bench's grader-shaped handshake had read 0.59–0.81 honest, 0.35–0.40 halved).
+#: A shape whose timing sets are over WITNESS_GPU_MAX_BYTES in all is not witnessed (the judge
 #: keeps them for it; 06's headline sets are GBs), and a loop that has not ended WITNESS_GPU_STALL_S after it was
 #: queued is released on both sides and logged.
 WITNESS_GPU_CALLS = 16
 WITNESS_GPU_SWITCH_CAP_MS = 0.35
 WITNESS_GPU_MIN_MS = 0.05
-WITNESS_GPU_FACTOR = 0.5
+WITNESS_GPU_FACTOR = 0.75
 WITNESS_GPU_MAX_BYTES = 1 << 30
 WITNESS_GPU_STALL_S = 20.0
-#: The environment variable that turns the GPU witness on ("1"); off by default until measured on a GPU.
+#: The environment variable that turns the GPU witness on ("1"): off by default for `kernelboard eval` until
+#: honest gradings have given its ratios; bench/gpu_session.sh, which grades the boards, turns it on to gather them.
 WITNESS_GPU_ENV = "KERNELBOARD_GPU_WITNESS"
 #: Milliseconds of busy work that lift the GPU from idle clocks before anything is measured.
 SPIN_UP_MS = 200.0
@@ -395,6 +399,8 @@ def timed_before_method(grader_version: str, variant: str = "compile") -> bool:
 #: written where the last call's were, as new tensors with the same sizes, strides and version counters
 #: (judge._recycled_call): a kernel that keeps what it derived from an input under the input's address serves a
 #: stale result there. Verdicts change only for such kernels (TIGHTENED_PASSES names the two passes it may change).
+#: And the GPU witness's note of doubt moves from under 0.5 to under 0.75 of its figure, as its first measurement
+#: set it (logged only).
 RESULTS_COMPARABLE_SINCE = "0.4.4"
 
 #: Passes an earlier grader gave under a looser check than the current one, as (the first grader with the

@@ -104,11 +104,11 @@ probed elements, checked like the timed ones. One rule, and one piece of evidenc
   (since 0.5.13, scoring.beyond_hardware): a shape timed beyond the datasheet peak for its
   problem's regime is refused, which a cache serving without the work reaches wherever the work
   is longer than the host read that keys it. The fingerprint cache stays a known gap on the CPU.
-- *the GPU witness* (since grader 0.5.28, with KERNELBOARD_GPU_WITNESS=1 until a GPU has measured it;
-  eval/gpu_witness.py): after a shape's timed loop, the judge's own stream times calls the runner
-  makes on inputs the judge writes into device memory both processes map, and its figure for a
-  call is logged beside the timed median, which a lie told only in the timed loop halves. The
-  timed loop itself is unchanged.
+- *the GPU witness* (since grader 0.5.28, with KERNELBOARD_GPU_WITNESS=1, which the boards'
+  gradings set; eval/gpu_witness.py): after a shape's timed loop, the judge's own stream times calls
+  the runner makes on inputs the judge writes into device memory both processes map, and its figure
+  for a call is logged beside the timed median, which a lie told only in the timed loop halves (an
+  H100, 2026-12-07: honest 0.99, halved 0.56). The timed loop itself is unchanged.
 
 Where a batch's calls are too short to stand out of the allowances (launch-bound shapes), the
 floor says so by being 0. A clock that takes a constant few µs off every call shrinks a batch of
