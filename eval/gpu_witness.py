@@ -23,8 +23,9 @@ its stream alone) plus WITNESS_GPU_SWITCH_CAP_MS. The figure, the median over ca
 beside the main loop's median: a lie told only in the timed loop reads about half of it.
 
 Logged, not refused (grader 0.5.28), and only where WITNESS_GPU_ENV=1 asks for it (the GPU mechanism tests,
-tests/test_eval_gpu.py), until its first GPU gradings have measured it: they give the honest ratios the rule
-needs. Anything that fails here is logged and the grading goes on; a stall releases both sides' waits.
+tests/test_eval_gpu.py, and since 0.5.29 bench/gpu_session.sh's board gradings), until honest gradings have
+given the ratios a refusal needs (its first measurement: settings.WITNESS_GPU_FACTOR). Anything that fails
+here is logged and the grading goes on; a stall releases both sides' waits.
 Skipped: the CPU, stateful (Mega) steps, and a shape whose timing sets are over WITNESS_GPU_MAX_BYTES in all.
 """
 
@@ -145,9 +146,9 @@ def output_parts(out: Any) -> tuple[torch.Tensor, ...]:
 
 
 def asked() -> bool:
-    """Until its first GPU gradings have measured it, the witness runs only where the environment asks for
-    it (WITNESS_GPU_ENV=1: the GPU mechanism tests do), so that a batch's verdicts cannot depend on it (a
-    kernel that faults on the shared block's inputs would otherwise fail the grading's later requests)."""
+    """The witness runs only where the environment asks for it (WITNESS_GPU_ENV=1: the GPU mechanism tests and
+    bench/gpu_session.sh's gradings do), so that `kernelboard eval` elsewhere runs without it until it is a rule
+    (a kernel that faults on the shared block's inputs would fail the grading's later requests)."""
     return os.environ.get(WITNESS_GPU_ENV) == "1"
 
 

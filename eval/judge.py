@@ -439,9 +439,7 @@ def _recycled_call(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, 
     reply = link.ask("call", where, shape=k, check=j, recycle=True)
     same, ident = reply.flags("recycled"), reply.flags("recycled_ids")
     _check_inputs(shared, check.pristine, where, problem)
-    verdict = _judge(problem, check.ref_out, reply.outputs([check.ref_out], names)[0], called_with, None, names)
-    if not verdict.ok:
-        raise Failure("wrong", f"{where}: {verdict.message}")
+    verdict = _judge_again(problem, plan, check, reply, called_with, names, where)
     log("worker", f"shape {plan.shape.idx}: {check.label} again at the last check's addresses: {sum(same)} of "
                   f"{len(same)} inputs in the same memory with the same version counter ({sum(ident)} with the same "
                   "Python id), correct")
@@ -501,11 +499,19 @@ def _audited_call(link: RunnerLink, problem: Problem, plan: ShapePlan, check: Ch
     hits = audit.forbidden_ops(problem, reply.strings("ops"))
     if hits:
         raise Failure("forbidden", f"forbidden aten ops ran: {', '.join(hits)}")
+    _judge_again(problem, plan, check, reply, called_with, names, where)
+
+
+def _judge_again(problem: Problem, plan: ShapePlan, check: Check, reply: Reply, called_with: list[Any],
+                 names: list[str] | None, where: str) -> Verdict:
+    """A check's output from a call made again (the op audit's, the recycled one), held to the check's rule as
+    its own call was; a miss is `wrong`, said with `where`."""
     got = reply.outputs([check.ref_out], names)[0]
     verdict = (_near_tie_verdict(problem, plan, check, got, called_with, names)[0] if check.tied
                else _judge(problem, check.ref_out, got, called_with, check.stress, names))
     if not verdict.ok:
         raise Failure("wrong", f"{where}: {verdict.message}")
+    return verdict
 
 
 def _verify_timed(problem: Problem, plan: ShapePlan, outputs: list[Received], what: str,

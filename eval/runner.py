@@ -72,6 +72,10 @@ class _Shared(NamedTuple):
     view: torch.Tensor
     stride: tuple[int, ...] | None
 
+    def strides(self) -> tuple[int, ...]:
+        """The strides the call sees it with: its own where the judge named them, else the view's."""
+        return tuple(self.stride or self.view.stride())
+
 
 def _place(value: Any, device: str) -> tuple[Any, torch.Tensor | None]:
     """A call's argument: the shared view itself where it can be (CPU, contiguous), else a private
@@ -81,7 +85,7 @@ def _place(value: Any, device: str) -> tuple[Any, torch.Tensor | None]:
     if device == "cpu" and value.stride is None:
         return value.view, None
     try:
-        live = torch.empty_strided(value.view.shape, value.stride or value.view.stride(),
+        live = torch.empty_strided(value.view.shape, value.strides(),
                                    dtype=value.view.dtype, device=device)
         live.copy_(value.view)
     except RuntimeError:  # overlapping strides: contiguous it is
@@ -130,7 +134,7 @@ def _slot(value: Any, kept: _Kept | None, device: str) -> _Slot | None:
     if kept is None or not isinstance(value, _Shared):
         return None
     t = kept.tensor
-    if (t.shape != value.view.shape or t.stride() != tuple(value.stride or value.view.stride())
+    if (t.shape != value.view.shape or t.stride() != value.strides()
             or t.dtype != value.view.dtype or t.device.type != torch.device(device).type):
         return None
     return _Slot(t.untyped_storage(), t.storage_offset(), t.shape, t.stride(), t.dtype, t.device, kept.version, id(t))

@@ -305,12 +305,10 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, di
         (subs / name / "solution.py").write_text(textwrap.dedent(source))
         (subs / name / "run.yaml").write_text("problem: 03_paged_attention\nmodel: t\nharness: pytest\n"
                                               "agent_outcome: completed\n")
-    os.environ["KERNELBOARD_GPU_WITNESS"] = "1"  # the judge's GPU witness (eval/gpu_witness.py), off by default
-    try:
+    with pytest.MonkeyPatch.context() as env:  # as the caller had it after (bench/gpu_session.sh may set it)
+        env.setenv("KERNELBOARD_GPU_WITNESS", "1")  # the judge's GPU witness (eval/gpu_witness.py), off by default
         rows = run_eval(EvalOptions(deck=root / "deck", submissions=subs, out=root / "out", device="cuda",
                                     timeout_s=300.0, rep_ms=100.0, skip_baselines=("compile:max-autotune",)))
-    finally:
-        del os.environ["KERNELBOARD_GPU_WITNESS"]
     return root, _Graded({r["run_id"]: r for r in rows})
 
 
