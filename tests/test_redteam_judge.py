@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from grading import REEXPORT, MeasuredBaselines, grade, judge_out_of_memory
 
+from kernelboard.sitegen.agreement import classify
+
 PROBLEM = "03_paged_attention"
 
 _MODEL = """
@@ -248,7 +250,7 @@ def test_an_address_keyed_cache_meets_a_new_input_in_the_last_ones_memory(graded
     were, with the same version counters (grader 0.5.29): before, this cache passed every check."""
     message = _status(graded, "address_keyed_cache")
     assert "written where the call before's were" in message
-    from sitegen.agreement import classify  # the methodology table names the check the judge's message names
+    # The methodology table's class names the check the judge's message names.
     assert "new inputs in the last call's memory" in (classify("wrong", message, "pass").cause or "")
 
 
