@@ -804,6 +804,40 @@ def _loops(loops: float) -> str:
     return "" if loops <= 1 else f"; the least of {loops:.0f} loops: the host bound the first"
 
 
+def _host_synced(link: RunnerLink, where: str, k: int,
+                 cover: dict[str, float] | None) -> tuple[Reply, float, str | None]:
+    """The shape's host-synchronised calls (`audit.host_synced_samples_ms`): their first reading, the
+    median host_ms the row keeps, and why the covered figure is not trusted (None where it is, or where
+    the loop was not covered). A first reading past `audit.cover_hid_work`'s allowance is read once more
+    and the reading with the lesser excess decides (since 0.5.30): work hidden from the cover is in every
+    reading, while a host busy with builds stretches only some. Under 0.5.27, in a batch building five
+    kernels ahead, claude-fable-5 01 034935's shapes 0 and 1 took 0.1643 and 0.2676 ms past the
+    synchronises against 0.1587 and 0.2294 ms allowed and were timed synchronised (1.75× in all); the
+    same kernel on a quieter host took 0.1477 and 0.2014 ms and kept its covered figures (2.38×)."""
+    synced = link.ask("host_sync", f"{where}: host-timed calls", shape=k)
+    host_ms, hidden = _host_reading(synced, where, cover)
+    if hidden:
+        again = link.ask("host_sync", f"{where}: host-timed calls, read again", shape=k)
+        host_again, hidden_again = _host_reading(again, f"{where} (read again)", cover)
+        if hidden_again is None:
+            log("worker", f"{where}: read again, the call is within its allowance: the covered figure stands "
+                          f"(the first reading: {hidden})")
+        return synced, min(host_ms, host_again), hidden_again and f"{hidden}; read again, {hidden_again}"
+    return synced, host_ms, hidden
+
+
+def _host_reading(synced: Reply, where: str, cover: dict[str, float] | None) -> tuple[float, str | None]:
+    """One reading of host-synchronised calls, logged: its median host_ms and `audit.cover_hid_work`'s
+    finding against the covered loop's span and dispatch."""
+    host_ms = statistics.median(synced.samples("host_ms"))
+    residue_ms = statistics.median(synced.samples("residue_ms"))
+    idle_ms = statistics.median(synced.samples("idle_ms"))
+    log("worker", f"{where}: host-synchronised call {host_ms:.4f} ms (the synchronises alone {idle_ms:.4f} ms), "
+                  f"device busy {residue_ms:.4f} ms past its stream")
+    hidden = None if cover is None else audit.cover_hid_work(host_ms, cover["gpu_ms"], cover["dispatch_ms"], idle_ms)
+    return host_ms, hidden
+
+
 def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, switches: Switches,
                 device: str) -> tuple[TimeStats, dict[str, Any]]:
     """Time one shape in the runner; statistics, output checks, the judge's floor and (on a GPU)
@@ -823,13 +857,7 @@ def _time_shape(link: RunnerLink, problem: Problem, plan: ShapePlan, k: int, swi
                   f"{stats.median_ms:.4f} ms (the runner's)")
     if device != "cuda":
         return stats, {}
-    synced = link.ask("host_sync", f"{where}: host-timed calls", shape=k)
-    host_ms = statistics.median(synced.samples("host_ms"))
-    residue_ms = statistics.median(synced.samples("residue_ms"))
-    idle_ms = statistics.median(synced.samples("idle_ms"))
-    log("worker", f"{where}: host-synchronised call {host_ms:.4f} ms (the synchronises alone {idle_ms:.4f} ms), "
-                  f"device busy {residue_ms:.4f} ms past its stream")
-    hidden = None if cover is None else audit.cover_hid_work(host_ms, cover["gpu_ms"], cover["dispatch_ms"], idle_ms)
+    synced, host_ms, hidden = _host_synced(link, where, k, cover)
     if hidden:
         log("worker", f"{where}: {hidden}; timed again with the GPU idle before each call")
         stats, cover = _timed(link, problem, plan, k, switches, device, cover=False)

@@ -33,8 +33,9 @@ Method of `time_cuda` (Triton's `do_bench` pattern, made stricter):
    whole latency (host dispatch plus GPU work; the method of every grader before 0.4.0). The
    judge also times the shape again synchronised where a call from an idle GPU to a device-wide
    synchronise, less the synchronises' own latency, takes longer than the covered span and
-   dispatch allow (`audit.cover_hid_work`): work on a stream that does not wait for the timed
-   one can run under the sleep. Each shape row records its method (`timing_method`).
+   dispatch allow (`audit.cover_hid_work`) in two readings (the second taken only where the first
+   exceeds it: `judge._host_synced`): work on a stream that does not wait for the timed one can
+   run under the sleep. Each shape row records its method (`timing_method`).
 4. Statistic: median, with p10, p90, min and the iteration count, computed by `summarize` from
    the raw per-call samples, which the record keeps (`samples_ms`): when candidate code is timed
    in the runner process, the judge recomputes the statistic from those samples itself.
