@@ -152,6 +152,8 @@ if [ -n "${IDS:-}" ]; then
   new_logs '*.log' | grep -v '\.prebuild\.log$' | xargs -r grep -H "graded in the copy its prebuild\|relabelled" \
     | sed 's|.*/||' | cut -c1-300
   new_logs '*.prebuild.log' | xargs -r grep -H "Triton kernel variants compiled" | sed 's|.*/||'
+  # the GPU witness's ratios in this call's gradings (bench/witness_ratios.py), for the rule that waits on them
+  new_logs '*.log' | grep -v '\.prebuild\.log$' | xargs -r .venv-eval/bin/python bench/witness_ratios.py --lowest 5 || true
   # runs a batch was cut off in (graded last by the next: eval/interrupted.py)
   for f in $WORK/res/*/interrupted.json; do [ -f "$f" ] && echo "== interrupted runs ($f):" && cat "$f"; done
 fi
