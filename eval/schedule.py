@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import fnmatch
-import functools
 import json
 import os
 import secrets
@@ -605,13 +604,22 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
                                            f"running")
                 phases = ["its prebuild"]  # the phases it reached, for the record of an interruption
                 started = time.monotonic()
+
+                def phase_seen(phase: str, run_id: str = sub.run_id, seen: list[str] = phases) -> None:
+                    _show_phase(progress, task, run_id, seen, phase)
+                    builds.quiet(timing=phase == "timing")
+
                 with _recorded_if_cut_off(opts.out, gpu, sub, started, phases, build):
                     prebuild_s = 0.0 if build is None else finish_prebuild(  # at once, unless a held run's
-                        build, max(0.0, build.started + opts.build_timeout_s - time.monotonic()))
-                    row = grade_submission(opts, gpu, spec, problem, sub, env, baselines.get(sub.problem, {}),
-                                           scratch, driver,
-                                           functools.partial(_show_phase, progress, task, sub.run_id, phases),
-                                           cell, prebuild_s, None if build is None else build.folder)
+                        build, max(0.0, opts.build_timeout_s - build.active_s()))
+                    paused_before = builds.quiet_s
+                    try:
+                        row = grade_submission(opts, gpu, spec, problem, sub, env, baselines.get(sub.problem, {}),
+                                               scratch, driver, phase_seen, cell, prebuild_s,
+                                               None if build is None else build.folder)
+                    finally:
+                        builds.quiet(timing=False)
+                    _note_paused_builds(opts.out / gpu / "logs" / f"{sub.run_id}.log", builds, paused_before)
                 if sub.run_id in recorded:  # graded whole now
                     write_records(opts.out, gpu, without_graded(_interruptions(opts.out, gpu),
                                                                 {sub.run_id: sub.solution_sha256()}))
@@ -626,6 +634,14 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
     if rows:
         _console.print(summary_table(rows))
     return rows
+
+
+def _note_paused_builds(log: Path, builds: BuildQueue, paused_before: float) -> None:
+    """The grading's log says how long the builds beside it were paused while it was timed (none: no line)."""
+    paused = builds.quiet_s - paused_before
+    if paused > 0 and log.is_file():
+        with contextlib.suppress(OSError), log.open("a") as fh:
+            fh.write(f"[grader] the builds beside it were paused while it was timed: {paused:.1f} s\n")
 
 
 def too_late(record: Interruption | None, stop_at: float | None, now: float | None = None) -> str | None:
@@ -711,7 +727,8 @@ def _recorded_if_cut_off(out: Path, gpu: str, sub: Submission, started: float, p
     try:
         yield
     except KeyboardInterrupt:
-        built_s = 0.0 if build is None else max(0.0, min(build.ended or started, started) - build.started)
+        built_s = 0.0 if build is None else max(0.0, min(build.ended or started, started) - build.started
+                                                  - build.paused_s)
         write_records(out, gpu, add_interruption(_interruptions(out, gpu), sub.run_id, sub.solution_sha256(),
                                                  time.monotonic() - started + built_s, phases[-1],
                                                  _now().isoformat()))
@@ -729,6 +746,8 @@ class BuildQueue:
         self.gradeable, self.held, self.depth, self._start = gradeable, held, depth, start
         self.prebuilds: dict[str, Prebuild] = {}
         self._by_id = {sub.run_id: (sub, problem) for sub, problem in queue}
+        self.quiet_s = 0.0  # seconds the builds were paused while the GPU timed (`quiet`)
+        self._quiet_since: float | None = None
 
     def start_builds(self) -> None:
         """Start the builds of the window that are not running yet (`depth` at most)."""
@@ -773,6 +792,22 @@ class BuildQueue:
 
     def running(self) -> list[str]:
         return [run_id for run_id, build in self.prebuilds.items() if build.proc.poll() is None]
+
+    def quiet(self, timing: bool) -> None:
+        """Pause every running build while the GPU times a shape (`timing`), and let them go on after
+        (`Prebuild.pause`): a shape the host's dispatch bounds is timed at the host's floor, which builds
+        beside it had doubled. `quiet_s` counts the seconds builds were held so."""
+        now = time.monotonic()
+        if timing and self._quiet_since is None and self.running():
+            self._quiet_since = now
+        for build in self.prebuilds.values():
+            if timing:
+                build.pause()
+            else:
+                build.resume()
+        if not timing and self._quiet_since is not None:
+            self.quiet_s += now - self._quiet_since
+            self._quiet_since = None
 
     def stop(self) -> None:
         """End every build still running (a batch that stops early leaves no compiler behind)."""
@@ -820,7 +855,7 @@ def next_to_grade(pending: list[str], prebuilds: dict[str, Prebuild], held: Cont
             return 0 if at == 0 else None
         build = prebuilds.get(run_id)
         if build is not None:
-            if build.proc.poll() is not None or time.monotonic() - build.started > build_timeout_s:
+            if build.proc.poll() is not None or build.active_s() > build_timeout_s:
                 return at
         elif not needs_build(run_id):
             return at

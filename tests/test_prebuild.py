@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import time
 from pathlib import Path
@@ -688,3 +689,88 @@ def test_the_graded_copy_keeps_only_builds_and_never_writes_through_a_link(tmp_p
     assert (built / "kernels" / "k.cu").read_text() == "// published\n"
     assert sorted(p.relative_to(built).as_posix() for p in built.rglob("*") if p.is_file()) == [
         "build/ext/build.ninja", "build/ext/ext.so", "inplace.so", "kernels/k.cu", "solution.py"]
+
+
+# A build that runs for 300 ticks of 0.05 s of its own running time (a paused build does not tick), printing
+# each tick's wall time in its prebuild log; a child process of it ticks beside it, as a compiler would.
+TICKING_BUILD = """
+import pathlib, subprocess, sys, time
+if pathlib.Path.cwd().name.endswith(".prebuild"):
+    child = subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(0.05)"])
+    for _ in range(300):
+        time.sleep(0.05)
+        print(f"TICK {time.time():.3f}", flush=True)
+    child.kill()
+from reference import Model, get_inputs, get_init_inputs  # noqa: F401
+"""
+
+
+def test_builds_pause_while_the_gpu_times_a_shape_and_go_on_after(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, measured_baselines: MeasuredBaselines) -> None:
+    """A shape the host's dispatch bounds is timed at the host's floor, and five builds beside an H100's grading
+    had doubled it. The builds of the runs behind are stopped while a grading is in its timing phase: the first
+    grading's log says for how long, the build's ticks stop for about as long, and the build ends and its run
+    passes all the same."""
+    monkeypatch.setenv("KERNELBOARD_CACHE", str(tmp_path / "cache"))
+    subs = tmp_path / "subs"
+    sources = {"a_plain": "from reference import Model, get_inputs, get_init_inputs  # noqa: F401\n",
+               "b_ticking": TICKING_BUILD}
+    for name, source in sources.items():
+        (subs / name).mkdir(parents=True)
+        (subs / name / "solution.py").write_text(source)
+        (subs / name / "run.yaml").write_text("problem: 03_paged_attention\nmodel: t\nharness: pytest\n"
+                                              "agent_outcome: completed\n")
+    out = tmp_path / "out"
+    measured_baselines.copy_into(out, ["03_paged_attention"], rep_ms=20.0)
+    rows = run_eval(EvalOptions(deck=DECK, submissions=subs, out=out, device="cpu", rep_ms=20.0, prebuild=True,
+                                build_ahead=2))
+    assert [r["status"] for r in rows] == ["pass", "pass"]
+    logs = out / "cpu" / "logs"
+    said = [line for line in (logs / "a_plain.log").read_text().splitlines()
+            if "were paused while it was timed" in line]
+    assert len(said) == 1, (logs / "a_plain.log").read_text()[-2000:]
+    paused = float(said[0].split(": ")[-1].removesuffix(" s"))
+    ticks = [float(line.split()[1]) for line in (logs / "b_ticking.prebuild.log").read_text().splitlines()
+             if line.startswith("TICK ")]
+    assert len(ticks) == 300  # it went on to its end after each pause
+    gaps = sorted(b - a for a, b in itertools.pairwise(ticks))
+    assert paused > 0.3 and gaps[-1] > 0.3  # a tick is 0.05 s: the longest gap is a pause
+    assert sum(g for g in gaps if g > 0.25) == pytest.approx(paused, abs=1.0 + 0.25 * paused)
+
+
+def test_a_paused_build_stops_its_whole_tree_and_its_paused_time_is_not_counted(tmp_path: Path) -> None:
+    """`Prebuild.pause` stops the build and its children (a compiler it started), `resume` lets them go on, and
+    the build's timeout and grade time count only the time it ran."""
+    import os
+    import subprocess
+    import sys
+
+    from kernelboard.eval import proctree
+    from kernelboard.eval.sandbox import Prebuild, finish_prebuild
+
+    script = "import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', 'import time\\nwhile 1: pass'])\n" \
+             "while 1: pass\n"
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    build = Prebuild(proc, time.monotonic(), os.open(os.devnull, os.O_RDONLY)).watch()  # type: ignore[arg-type]
+    try:
+        for _ in range(100):
+            if proctree.descendants(proc.pid):
+                break
+            time.sleep(0.05)
+        tree = [proc.pid, *proctree.descendants(proc.pid)]
+        assert len(tree) == 2
+        build.pause()
+        time.sleep(0.1)
+        assert [proctree._stat(pid)[0] for pid in tree] == ["T", "T"]  # stopped, both
+        time.sleep(1.0)
+        assert build.active_s() < 0.9  # the pause does not count
+        build.resume()
+        time.sleep(0.1)
+        assert all(proctree._stat(pid)[0] in ("R", "S") for pid in tree)
+        assert build.paused_s > 1.0 and not build.stopped
+        build.pause()  # a build paused at its end is let go and ended
+        ran = finish_prebuild(build, 0)
+        assert ran < 1.0 and build.paused_at is None
+    finally:
+        proctree.kill([proc.pid, *proctree.descendants(proc.pid)])
+        proc.wait()
