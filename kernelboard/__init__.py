@@ -5,4 +5,4 @@ The import name holds three parts: `kernelboard.eval` (the grader, torch only in
 `errors` and `cli`.
 """
 
-__version__ = "0.5.30"
+__version__ = "0.5.31"
