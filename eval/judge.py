@@ -808,9 +808,10 @@ def _host_synced(link: RunnerLink, where: str, k: int,
                  cover: dict[str, float] | None) -> tuple[Reply, float, str | None]:
     """The shape's host-synchronised calls (`audit.host_synced_samples_ms`): their first reading, the
     median host_ms the row keeps, and why the covered figure is not trusted (None where it is, or where
-    the loop was not covered). A first reading past `audit.cover_hid_work`'s allowance is read once more
-    and the reading with the lesser excess decides (since 0.5.30): work hidden from the cover is in every
-    reading, while a host busy with builds stretches only some. Under 0.5.27, in a batch building five
+    the loop was not covered; the lesser median where it was read twice). A first reading past
+    `audit.cover_hid_work`'s allowance is read once more, and the covered figure is given up only where
+    the second exceeds it too (since 0.5.30): work hidden from the cover is in every reading, while a
+    host busy with builds stretches only some. Under 0.5.27, in a batch building five
     kernels ahead, claude-fable-5 01 034935's shapes 0 and 1 took 0.1643 and 0.2676 ms past the
     synchronises against 0.1587 and 0.2294 ms allowed and were timed synchronised (1.75× in all); the
     same kernel on a quieter host took 0.1477 and 0.2014 ms and kept its covered figures (2.38×)."""
