@@ -170,6 +170,11 @@ def _writing(path: Path) -> Iterator[None]:
         raise KernelboardError(f"{path}: cannot write ({exc.strerror or exc})") from None
 
 
+#: How often `run_worker` reads the worker's phase: the builds beside a grading pause once it reads "timing"
+#: (schedule.BuildQueue.quiet), so this bounds how far into a timing phase (its warm-up: 100 ms on a GPU) they run.
+PHASE_POLL_S = 0.05
+
+
 def run_worker(job: Job, workdir: Path, log_path: Path, timeout_s: float, cache_key: str,
                phase_timeouts: Mapping[str, float] | None = None, arch: str | None = None,
                on_phase: Callable[[str], None] | None = None, log_header: str | None = None) -> WorkerOutcome:
@@ -207,7 +212,7 @@ def run_worker(job: Job, workdir: Path, log_path: Path, timeout_s: float, cache_
         try:
             while True:
                 try:
-                    rc = proc.wait(timeout=0.2)
+                    rc = proc.wait(timeout=PHASE_POLL_S)
                     break
                 except subprocess.TimeoutExpired:
                     pass
