@@ -281,11 +281,11 @@ class Prebuild:
         return self
 
     def pause(self) -> None:
-        """Stop the build's whole process tree (SIGSTOP) while the GPU times another submission: five
-        builds beside an H100's grading had doubled the host's least dispatch (LongCat-2.0 07 012529's
-        shape 0 floor 0.1126 ms under 0.5.7, 0.0509 ms on a quiet host), and a shape the host bounds is
-        timed at that floor. The tree is walked twice, top down, so a process forked between the passes is
-        stopped too. Nothing is lost: `resume` lets it go on where it was."""
+        """Stop the build's whole process tree (SIGSTOP) while the GPU times another submission: a shape
+        the host bounds is timed at the host's least dispatch, and that moved 2× between a busy host and a
+        quieter one (LongCat-2.0 07 012529's shape 0 floor 0.1126 ms under 0.5.7 in a batch of 07 builds,
+        0.0509 ms beside short Triton prebuilds on 2026-12-07). The tree is walked twice, top down, so a process
+        forked between the passes is stopped too. Nothing is lost: `resume` lets it go on where it was."""
         if self.paused_at is not None or self.proc.poll() is not None:
             return
         self.paused_at = time.monotonic()

@@ -795,8 +795,8 @@ class BuildQueue:
 
     def quiet(self, timing: bool) -> None:
         """Pause every running build while the GPU times a shape (`timing`), and let them go on after
-        (`Prebuild.pause`): a shape the host's dispatch bounds is timed at the host's floor, which builds
-        beside it had doubled. `quiet_s` counts the seconds builds were held so."""
+        (`Prebuild.pause`): a shape the host's dispatch bounds is timed at the host's floor, which moved 2×
+        between a busy host and a quieter one. `quiet_s` counts the seconds builds were held so."""
         now = time.monotonic()
         if timing and self._quiet_since is None and self.running():
             self._quiet_since = now

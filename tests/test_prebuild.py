@@ -707,10 +707,10 @@ from reference import Model, get_inputs, get_init_inputs  # noqa: F401
 
 def test_builds_pause_while_the_gpu_times_a_shape_and_go_on_after(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, measured_baselines: MeasuredBaselines) -> None:
-    """A shape the host's dispatch bounds is timed at the host's floor, and five builds beside an H100's grading
-    had doubled it. The builds of the runs behind are stopped while a grading is in its timing phase: the first
-    grading's log says for how long, the build's ticks stop for about as long, and the build ends and its run
-    passes all the same."""
+    """A shape the host's dispatch bounds is timed at the host's floor, which moved 2× between an H100 host busy
+    with builds and a quieter one. The builds of the runs behind are stopped while a grading is in its timing
+    phase: the first grading's log says for how long, the build's ticks stop for about as long, and the build
+    ends and its run passes all the same."""
     monkeypatch.setenv("KERNELBOARD_CACHE", str(tmp_path / "cache"))
     subs = tmp_path / "subs"
     sources = {"a_plain": "from reference import Model, get_inputs, get_init_inputs  # noqa: F401\n",
