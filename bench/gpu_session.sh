@@ -22,8 +22,10 @@
 #               for sm_90), unpacked into the grader's cache root first where `kernelboard eval check-ahead`
 #               finds their cache keys can match (same Python ABI and Triton build): each grading's log then
 #               says how many of them it found built, and 0 built while grading. With IDS, the call ends by
-#               writing $OUT/triton-kept.tgz (`kernelboard eval keep-ahead`): what this host compiled for the
-#               runs it was cut off in, for the next call's TRITON_AHEAD, so a long compile goes on from there
+#               writing $OUT/triton-kept.tgz (`kernelboard eval keep-ahead`; more parts, triton-kept.2.tgz, …,
+#               where it would pass 14 MiB, as a call returns files of 16 MiB at most): what this host compiled for
+#               the runs it was cut off in, for the next call's TRITON_AHEAD='.carry/triton-kept*.tgz', so a long
+#               compile goes on from there
 # Results are packed into $OUT (default ./gpu-session-out) every 30 s, so a call cut short still
 # returns what finished: res.tgz is a results folder, SEED for the next call and `eval merge`'s source.
 # DEADLINE: seconds after the start at which gradings are interrupted (SIGINT: finished rows stay, the run cut

@@ -189,9 +189,10 @@ def compile_ahead(deck: Path, submissions: Path, out: Path, only: tuple[str, ...
                               f"— {ahead.said}", markup=False, highlight=False)
         manifest = {"arch": arch, "fingerprint": fingerprint(arch),
                     "runs": {a.run_id: a.cache_key for a in sorted(done, key=lambda a: a.run_id) if a.variants}}
-        _write_archive(out, [cache_dir(key) for key in manifest["runs"].values()], manifest)
+        parts = _write_archive(out, [cache_dir(key) for key in manifest["runs"].values()], manifest)
     total = sum(a.variants for a in done)
-    console.print(f"{total} Triton kernel variants of {sum(1 for a in done if a.variants)} submissions → {out}")
+    console.print(f"{total} Triton kernel variants of {sum(1 for a in done if a.variants)} submissions → "
+                  f"{describe_parts(parts)}")
     return sorted(done, key=lambda a: a.run_id)
 
 
@@ -209,10 +210,11 @@ def _compile_one(sub: Submission, problem_dir: Path, scratch: Path, arch: str, l
 
 
 def keep_ahead(results: Path, submissions: Path, out: Path, arch: str,
-               run_ids: tuple[str, ...] = ()) -> tuple[int, int]:
+               run_ids: tuple[str, ...] = ()) -> tuple[int, int, list[Path]]:
     """Archive this host's Triton caches of the runs `results` records as interrupted (every GPU's
-    `interrupted.json`) and of `run_ids`, as compile-ahead's archive for `arch`, to `out` (written whole, or
-    not at all when no variant is cached); returns (variants, runs) archived."""
+    `interrupted.json`) and of `run_ids`, as compile-ahead's archive for `arch`, to `out` and the parts beside
+    it (`_write_archive`: written whole, or not at all when no variant is cached); returns (variants, runs,
+    parts) archived."""
     wanted = set(run_ids)
     for gpu in (p.name for p in results.iterdir() if p.is_dir()):
         wanted |= set(read_records(results, gpu)[0])  # a bad file is no record: nothing to keep
@@ -220,24 +222,86 @@ def keep_ahead(results: Path, submissions: Path, out: Path, arch: str,
     cubins = {sub.run_id: (sub.cache_key(), len(built_kernels(sub.cache_key())[0]))
               for sub in sorted(found, key=lambda sub: sub.run_id) if sub.run_id in wanted}
     cached = {run_id: key for run_id, (key, count) in cubins.items() if count}
-    if cached:
-        _write_archive(out, [cache_dir(key) for key in cached.values()],
-                       {"arch": arch, "fingerprint": fingerprint(arch), "runs": cached})
-    return sum(count for _, count in cubins.values()), len(cached)
+    parts = _write_archive(out, [cache_dir(key) for key in cached.values()],
+                           {"arch": arch, "fingerprint": fingerprint(arch), "runs": cached}) if cached else []
+    return sum(count for _, count in cubins.values()), len(cached), parts
 
 
-def _write_archive(out: Path, caches: list[Path], manifest: dict[str, object]) -> None:
-    """A .tgz of each cache's `triton/` folder, under its key (`<sha>/triton/…`), as the grader's
-    cache root holds it, and the manifest (MANIFEST); written beside `out` and renamed over it."""
+#: What a cache hit needs of a Triton variant (`compiler.compile` → `CompiledKernel`): its metadata `.json`, the
+#: group file naming its files, and the binary it launches (`.cubin`); the IRs it was lowered through are read
+#: by nobody once it is compiled. They are most of a variant's bytes, so the archives leave them out.
+INTERMEDIATE_SUFFIXES = frozenset({".source", ".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn"})
+#: The most bytes one archive part holds (a GPU call returns files of at most 16 MiB: deepseek-v4-pro 02 125550's
+#: 1,081 variants kept whole did not come back).
+ARCHIVE_PART_BYTES = 14 << 20
+
+
+def archive_parts(out: Path) -> list[Path]:
+    """`out` and the further parts `_write_archive` wrote beside it (`triton-kept.2.tgz`, …), as far as they go
+    on without a gap."""
+    parts, n = [], 1
+    while (part := out if n == 1 else out.with_name(f"{out.name.removesuffix('.tgz')}.{n}.tgz")).exists():
+        parts.append(part)
+        n += 1
+    return parts
+
+
+def _write_archive(out: Path, caches: list[Path], manifest: dict[str, object],
+                   part_bytes: int = ARCHIVE_PART_BYTES) -> list[Path]:
+    """.tgz archives of each cache's `triton/` variants, under its key (`<sha>/triton/<variant>/…`) as the
+    grader's cache root holds them, without their intermediate IRs (INTERMEDIATE_SUFFIXES), each beginning
+    with the manifest (MANIFEST): `out`, then `<stem>.2.tgz`, … wherever one would pass `part_bytes`
+    (a variant is never split). Each is written beside its name and renamed over it once all are written;
+    parts an earlier, larger archive left are removed. Returns the parts written."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    part = out.with_name(f".{out.name}.part")
-    with tarfile.open(part, "w:gz") as tar:
-        text = json.dumps(manifest, indent=1).encode()
+    text = json.dumps(manifest, indent=1).encode()
+    stem = out.name.removesuffix(".tgz")
+    names: list[Path] = []
+    tar: tarfile.TarFile | None = None
+
+    def begin() -> tarfile.TarFile:
+        names.append(out if not names else out.with_name(f"{stem}.{len(names) + 1}.tgz"))
+        opened = tarfile.open(names[-1].with_name(f".{names[-1].name}.part"), "w:gz")  # noqa: SIM115 (closed below)
         info = tarfile.TarInfo(MANIFEST)
         info.size = len(text)
-        tar.addfile(info, io.BytesIO(text))
+        opened.addfile(info, io.BytesIO(text))
+        return opened
+
+    def kept(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        return None if info.isfile() and Path(info.name).suffix in INTERMEDIATE_SUFFIXES else info
+
+    try:
+        tar = begin()
         for cache in caches:
             triton = cache / "triton"
-            if triton.is_dir():
-                tar.add(triton, arcname=f"{cache.name}/triton")
-    os.replace(part, out)
+            for variant in sorted(triton.iterdir()) if triton.is_dir() else []:
+                if _written(names[-1]) >= part_bytes:
+                    tar.close()
+                    tar = begin()
+                tar.add(variant, arcname=f"{cache.name}/triton/{variant.name}", filter=kept)
+        tar.close()
+        tar = None
+        for name in names:
+            os.replace(name.with_name(f".{name.name}.part"), name)
+    finally:
+        if tar is not None:
+            tar.close()
+        for name in names:
+            name.with_name(f".{name.name}.part").unlink(missing_ok=True)
+    for stale in archive_parts(out)[len(names):]:
+        stale.unlink()
+    return names
+
+
+def describe_parts(parts: list[Path]) -> str:
+    """The archive's name, and its further parts' where it has some."""
+    more = f" (+ {', '.join(p.name for p in parts[1:])}, each a part to unpack)" if len(parts) > 1 else ""
+    return f"{parts[0]}{more}"
+
+
+def _written(name: Path) -> int:
+    """Bytes of the part being written (its compressed stream, as far as it has reached the disk)."""
+    try:
+        return name.with_name(f".{name.name}.part").stat().st_size
+    except OSError:
+        return 0

@@ -273,10 +273,10 @@ def eval_keep_ahead(results: Path, submissions: Path, run_ids: tuple[str, ...], 
     A kernel whose compile outlasts a GPU call starts again on every fresh host; unpacked there
     (`bench/gpu_session.sh` TRITON_AHEAD=), this archive lets its compile go on where the last call stopped.
     """
-    from kernelboard.eval.ahead import keep_ahead
+    from kernelboard.eval.ahead import describe_parts, keep_ahead
 
-    variants, runs = keep_ahead(results, submissions, out, arch, run_ids)
-    click.echo(f"{variants} Triton kernel variants of {runs} runs → {out}" if runs else
+    variants, runs, parts = keep_ahead(results, submissions, out, arch, run_ids)
+    click.echo(f"{variants} Triton kernel variants of {runs} runs → {describe_parts(parts)}" if runs else
                f"no Triton kernel variant cached for the runs {results} records as interrupted: {out} not written")
 
 

@@ -137,6 +137,9 @@ def test_keep_ahead_carries_what_a_cut_off_call_compiled_to_the_next_host(tmp_pa
         variant = tmp_path / "cache" / sub.cache_key() / "triton" / "ABCD"
         variant.mkdir(parents=True)
         (variant / "_w4a16_kernel.cubin").write_bytes(b"\x7fELF")
+        (variant / "_w4a16_kernel.json").write_text("{}")
+        for ir in ("ptx", "llir", "ttgir", "ttir", "source"):  # read by no cache hit: left out
+            (variant / f"_w4a16_kernel.{ir}").write_text("lowered")
     (results / "h200").mkdir()
     (results / "h200" / "interrupted.json").write_text("{not json")  # a bad record file is no record
     out = tmp_path / "kept" / "triton-kept.tgz"
@@ -147,8 +150,42 @@ def test_keep_ahead_carries_what_a_cut_off_call_compiled_to_the_next_host(tmp_pa
         names = tar.getnames()
     assert manifest["runs"] == {cut.run_id: cut.cache_key()} and manifest["arch"] == "9.0"
     assert f"{cut.cache_key()}/triton/ABCD/_w4a16_kernel.cubin" in names
+    assert f"{cut.cache_key()}/triton/ABCD/_w4a16_kernel.json" in names
+    assert not [name for name in names if name.endswith((".ptx", ".llir", ".ttgir", ".ttir", ".source"))]
     assert not any(name.startswith(graded.cache_key()) for name in names)
     check = runner.invoke(cli, ["eval", "check-ahead", str(out)])
     assert check.exit_code == 0 and "1 Triton kernel variants, keyed as this host's" in check.output, check.output
     also = runner.invoke(cli, [*args, "--run", "b_graded", "--out", str(out)])  # --run adds one
     assert also.exit_code == 0 and "2 Triton kernel variants of 2 runs" in also.output, also.output
+
+
+def test_an_archive_past_its_part_size_goes_in_parts_each_with_the_manifest_and_no_variant_split(
+        tmp_path: Path) -> None:
+    """A GPU call returns files of 16 MiB at most, and deepseek-v4-pro 02 125550's 1,081 variants kept whole did not
+    come back: `_write_archive` starts a new part wherever the one it writes has reached its size, each part
+    unpackable alone (the manifest first), a variant never split; a later, smaller archive removes the parts an
+    earlier one left beyond its own."""
+    from kernelboard.eval.ahead import _write_archive, archive_parts
+
+    cache = tmp_path / "cache" / "abc123"
+    for v in range(6):  # six variants of about 300 KB of incompressible bytes each
+        variant = cache / "triton" / f"V{v}"
+        variant.mkdir(parents=True)
+        (variant / "k.cubin").write_bytes(os.urandom(300_000))
+        (variant / "k.json").write_text(json.dumps({"name": f"k{v}"}))
+    out = tmp_path / "kept" / "triton-kept.tgz"
+    manifest = {"arch": "9.0", "fingerprint": {}, "runs": {"r": "abc123"}}
+    parts = _write_archive(out, [cache], manifest, part_bytes=500_000)
+    assert parts == archive_parts(out) and len(parts) >= 3 and parts[1].name == "triton-kept.2.tgz"
+    variants: list[str] = []
+    for part in parts:
+        with tarfile.open(part) as tar:
+            assert tar.getnames()[0] == MANIFEST and json.load(tar.extractfile(MANIFEST)) == manifest  # type: ignore[arg-type]
+            files = [n for n in tar.getnames() if n.endswith((".cubin", ".json")) and n != MANIFEST]
+        here = sorted({n.split("/")[2] for n in files})
+        assert all(f"abc123/triton/{v}/k.cubin" in files and f"abc123/triton/{v}/k.json" in files for v in here)
+        variants += here
+    assert sorted(variants) == [f"V{v}" for v in range(6)]  # each variant whole, in one part
+    assert not list(out.parent.glob(".*.part"))
+    one = _write_archive(out, [cache], manifest)  # the default size holds them all: the old parts go
+    assert one == [out] and archive_parts(out) == [out]
