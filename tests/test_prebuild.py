@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -193,9 +194,14 @@ def test_the_gpu_grades_a_run_whose_build_ended_before_one_still_building(
     assert "b_plain: graded ahead of a_gated, whose build is still running" in capsys.readouterr().err
 
 
-def _build(ended: bool, age_s: float = 1.0) -> Any:
-    """A stand-in for a running or finished `Prebuild` started `age_s` ago."""
-    return SimpleNamespace(proc=SimpleNamespace(poll=lambda: 0 if ended else None), started=time.monotonic() - age_s)
+def _build(ended: bool | Callable[[], bool], age_s: float = 1.0) -> Any:
+    """A `Prebuild` of a stand-in process, running or finished (`ended`, or as it says when asked), started
+    `age_s` ago."""
+    from kernelboard.eval.sandbox import Prebuild
+
+    done = ended if callable(ended) else (lambda: ended)
+    return Prebuild(SimpleNamespace(poll=lambda: 0 if done() else None), time.monotonic() - age_s,  # type: ignore[arg-type]
+                    -1)
 
 
 def test_a_held_runs_ended_build_does_not_stop_the_builds_behind_it() -> None:
@@ -209,8 +215,7 @@ def test_a_held_runs_ended_build_does_not_stop_the_builds_behind_it() -> None:
     def start(sub: Any, problem: Any) -> Any:
         started.append(sub.run_id)
         ended[sub.run_id] = False
-        return SimpleNamespace(proc=SimpleNamespace(poll=lambda: 0 if ended[sub.run_id] else None),
-                               started=time.monotonic())
+        return _build(lambda: ended[sub.run_id], age_s=0.0)
 
     queue = [(SimpleNamespace(run_id=r), object()) for r in ("a", "b", "c", "h1")]
     builds = BuildQueue(queue, {"a", "b", "c", "h1"}, {"h1"}, 2, start)  # type: ignore[arg-type]
@@ -232,7 +237,9 @@ def test_runs_too_late_to_start_leave_the_queue_before_their_builds_end() -> Non
 
     def start(sub: Any, problem: Any) -> Any:
         started.append(sub.run_id)
-        return SimpleNamespace(run_id=sub.run_id, proc=SimpleNamespace(poll=lambda: None), started=time.monotonic())
+        build = _build(False, age_s=0.0)
+        build.run_id = sub.run_id  # which build finish_prebuild was given, for the check below
+        return build
 
     queue = [(SimpleNamespace(run_id=r, problem=p), object()) for r, p in (("a", "01"), ("b", "06"), ("c", "01"))]
     builds = BuildQueue(queue, {"a", "b", "c"}, set(), 2, start)  # type: ignore[arg-type]
