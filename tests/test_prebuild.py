@@ -89,24 +89,32 @@ STAMPED_BUILD = SLOW_BUILD.replace("    time.sleep(3)", "    print(f'BUILD START
                                    "    time.sleep(3)")
 
 
+PLAIN = "from reference import Model, get_inputs, get_init_inputs  # noqa: F401\n"
+
+
+def _batch_of_03(subs: Path, out: Path, measured_baselines: MeasuredBaselines,
+                 sources: dict[str, str]) -> list[dict[str, Any]]:
+    """These 03 solutions graded in one CPU batch into `out`, two builds ahead, on the session's baselines."""
+    for name, source in sources.items():
+        (subs / name).mkdir(parents=True)
+        (subs / name / "solution.py").write_text(source)
+        (subs / name / "run.yaml").write_text("problem: 03_paged_attention\nmodel: t\nharness: pytest\n"
+                                              "agent_outcome: completed\n")
+    measured_baselines.copy_into(out, ["03_paged_attention"], rep_ms=20.0)
+    return run_eval(EvalOptions(deck=DECK, submissions=subs, out=out, device="cpu", rep_ms=20.0, prebuild=True,
+                                build_ahead=2))
+
+
 def test_builds_run_several_ahead_of_the_grading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                  measured_baselines: MeasuredBaselines) -> None:
     """With a depth of 2, the third submission's build starts while the first one grades (with one
     ahead, the GPU waited out most of each 50–60 s build on the H200), and every worker finds its build.
     The depth is `--build-ahead`'s here (this host's own would be 1)."""
     monkeypatch.setenv("KERNELBOARD_CACHE", str(tmp_path / "cache"))
-    subs = tmp_path / "subs"
-    sources = {"a_plain": "from reference import Model, get_inputs, get_init_inputs  # noqa: F401\n",
-               "b_build": STAMPED_BUILD, "c_build": STAMPED_BUILD.replace("fake_extension", "other_extension")}
-    for name, source in sources.items():
-        (subs / name).mkdir(parents=True)
-        (subs / name / "solution.py").write_text(source)
-        (subs / name / "run.yaml").write_text("problem: 03_paged_attention\nmodel: t\nharness: pytest\n"
-                                              "agent_outcome: completed\n")
     out = tmp_path / "out"
-    measured_baselines.copy_into(out, ["03_paged_attention"], rep_ms=20.0)
-    rows = run_eval(EvalOptions(deck=DECK, submissions=subs, out=out, device="cpu", rep_ms=20.0, prebuild=True,
-                                build_ahead=2))
+    rows = _batch_of_03(tmp_path / "subs", out, measured_baselines,
+                        {"a_plain": PLAIN, "b_build": STAMPED_BUILD,
+                         "c_build": STAMPED_BUILD.replace("fake_extension", "other_extension")})
     assert [r["status"] for r in rows] == ["pass", "pass", "pass"]
     logs = out / "cpu" / "logs"
     first_graded = rows[0]["graded_at"].timestamp()  # when its grading ended
@@ -719,18 +727,8 @@ def test_builds_pause_while_the_gpu_times_a_shape_and_go_on_after(
     phase: the first grading's log says for how long, the build's ticks stop for about as long, and the build
     ends and its run passes all the same."""
     monkeypatch.setenv("KERNELBOARD_CACHE", str(tmp_path / "cache"))
-    subs = tmp_path / "subs"
-    sources = {"a_plain": "from reference import Model, get_inputs, get_init_inputs  # noqa: F401\n",
-               "b_ticking": TICKING_BUILD}
-    for name, source in sources.items():
-        (subs / name).mkdir(parents=True)
-        (subs / name / "solution.py").write_text(source)
-        (subs / name / "run.yaml").write_text("problem: 03_paged_attention\nmodel: t\nharness: pytest\n"
-                                              "agent_outcome: completed\n")
     out = tmp_path / "out"
-    measured_baselines.copy_into(out, ["03_paged_attention"], rep_ms=20.0)
-    rows = run_eval(EvalOptions(deck=DECK, submissions=subs, out=out, device="cpu", rep_ms=20.0, prebuild=True,
-                                build_ahead=2))
+    rows = _batch_of_03(tmp_path / "subs", out, measured_baselines, {"a_plain": PLAIN, "b_ticking": TICKING_BUILD})
     assert [r["status"] for r in rows] == ["pass", "pass"]
     logs = out / "cpu" / "logs"
     said = [line for line in (logs / "a_plain.log").read_text().splitlines()
