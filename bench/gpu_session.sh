@@ -30,6 +30,8 @@
 # returns what finished: res.tgz is a results folder, SEED for the next call and `eval merge`'s source.
 # DEADLINE: seconds after the start at which gradings are interrupted (SIGINT: finished rows stay, the run cut
 # off is recorded; with --gpus the children stop and merge within seconds, at most 60).
+# CALL_LIMIT (590): seconds after the start by which the script ends, keep-ahead's archive cut short if need be
+# (a device call killed at its limit returns none of its output).
 # WORK: the scratch folder (default /tmp/work); give each of two sessions in one call its own.
 set -u
 T0=$(date +%s)
@@ -163,9 +165,17 @@ fi
 kill $PACKER 2>/dev/null
 pack
 if [ -n "${IDS:-}" ]; then  # after the results are packed: the Triton variants this host compiled for the runs
-  # it was cut off in, so that the next call's compile goes on from them
-  .venv-eval/bin/kernelboard eval keep-ahead --results $WORK/res --submissions data/submissions/$DECK \
-    --arch "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1)" --out "$OUT/triton-kept.tgz"
+  # it was cut off in, so that the next call's compile goes on from them; never past CALL_LIMIT, where the device
+  # call itself would be killed and return no output (a 1,081-variant archive took a call past its 600 s)
+  room=$(( ${CALL_LIMIT:-590} - ( $(date +%s) - T0 ) ))
+  if [ "$room" -gt 5 ]; then
+    timeout -k 2 "$room" .venv-eval/bin/kernelboard eval keep-ahead --results $WORK/res \
+      --submissions data/submissions/$DECK --out "$OUT/triton-kept.tgz" \
+      --arch "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1)" \
+      || echo "== keep-ahead did not end within the call's last $room s (CALL_LIMIT ${CALL_LIMIT:-590}): no Triton archive"
+  else
+    echo "== no time left for keep-ahead before CALL_LIMIT ${CALL_LIMIT:-590}: no Triton archive"
+  fi
 fi
 nvidia-smi --query-gpu=temperature.gpu,clocks.sm --format=csv,noheader
 echo "== done at $(( $(date +%s) - T0 )) s"

@@ -24,6 +24,7 @@ if [ "$1 $2" = "eval todo" ]; then
   first=$(head -1 "$S" | cut -d' ' -f1)
   if [ -n "$first" ]; then grep "^$first " "$S" | cut -d' ' -f2 > "$q"; else : > "$q"; fi
 elif [ "$1 $2" = "eval keep-ahead" ]; then
+  sleep "${KEEP_SLEEP:-0}"
   while [ $# -gt 0 ]; do [ "$1" = --out ] && touch "$2"; shift; done
 else
   ids=(); ex=()
@@ -43,7 +44,7 @@ STUBS = {
 }
 
 
-def _session(tmp_path: Path, left: str, fail: str = "") -> tuple[str, list[str], str]:
+def _session(tmp_path: Path, left: str, fail: str = "", **more_env: str) -> tuple[str, list[str], str]:
     for name, text in STUBS.items():
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -62,7 +63,7 @@ def _session(tmp_path: Path, left: str, fail: str = "") -> tuple[str, list[str],
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "STATE": str(state),
            "EVALS": str(evals), "FAIL": fail, "IDS": "todo", "SEED": str(tmp_path / "seed"),
            "WORK": str(tmp_path / "work"), "OUT": str(tmp_path / "out"), "DEADLINE": "60",
-           "TODO_MIN_LEFT": "5", "EXCLUDE": "*kinetic*"}
+           "TODO_MIN_LEFT": "5", "EXCLUDE": "*kinetic*", **more_env}
     log = tmp_path / "session.out"
     with log.open("w") as sink:  # a file, not a pipe: the script's 30 s packer loop's sleep would hold a pipe open
         subprocess.run(["bash", "bench/gpu_session.sh"], cwd=root, env=env, stdout=sink, stderr=subprocess.STDOUT,
@@ -88,3 +89,16 @@ def test_a_queue_that_does_not_move_ends_the_call(tmp_path: Path) -> None:
     assert evals == ["a b | *kinetic*", "a | *kinetic*"]
     assert left == "07 a\n01 c\n"
     assert "the queue is what the last round was given: stopping" in out
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_keep_ahead_is_cut_short_at_the_call_limit_and_says_so(tmp_path: Path) -> None:
+    """A device call killed at its limit returns none of its output: an H100 call of 2026-12-07 went past its 600 s
+    while keep-ahead archived 1,081 Triton variants. The archive gets what is left before CALL_LIMIT."""
+    started = time.monotonic()
+    out, _, left = _session(tmp_path, "07 a\n", KEEP_SLEEP="60", CALL_LIMIT="20")
+    assert left == "" and time.monotonic() - started < 50
+    said = [line for line in out.splitlines() if "keep-ahead" in line and "CALL_LIMIT 20" in line]
+    assert said and ("did not end within the call's last" in said[0] or "no time left" in said[0]), out[-1500:]
+    assert "== done at" in out
+    assert not (tmp_path / "out" / "triton-kept.tgz").exists()
