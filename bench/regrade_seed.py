@@ -26,14 +26,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kernelboard import __version__
+from kernelboard.eval.settings import graded_before
 from kernelboard.eval.tables import read_table, table_path, write_atomic
 
 #: A covered shape whose median passes its covered GPU span by more than this was timed at the host's floor.
 FLOOR_MARGIN = 1.02
-
-
-def _older(version: str, than: str) -> bool:
-    return tuple(int(x) for x in version.split(".")) < tuple(int(x) for x in than.split("."))
 
 
 def host_floor_passes(results: Path, gpu: str, before: str) -> list[str]:
@@ -41,7 +38,7 @@ def host_floor_passes(results: Path, gpu: str, before: str) -> list[str]:
     docstring), by problem then run id."""
     passes = {r["run_id"]: r["grader_version"] for r in read_table(table_path(results, gpu, "results"),
                                                                    "results").to_pylist()
-              if r["status"] == "pass" and r["grader_version"] and _older(r["grader_version"], before)}
+              if r["status"] == "pass" and r["grader_version"] and graded_before(r["grader_version"], before)}
     chosen = set()
     for s in read_table(table_path(results, gpu, "shapes"), "shapes").to_pylist():
         if s["run_id"] not in passes:
@@ -57,14 +54,14 @@ def host_floor_passes(results: Path, gpu: str, before: str) -> list[str]:
 def without_runs(results: Path, gpu: str, run_ids: set[str]) -> int:
     """Take the rows of `run_ids` out of `gpu`'s results and shapes tables in place; returns the results rows
     taken out."""
-    taken = 0
+    taken = {}
     for name in ("results", "shapes"):
         path = table_path(results, gpu, name)
         table = read_table(path, name)
         kept = table.filter(pc.invert(pc.is_in(table["run_id"], pa.array(sorted(run_ids), pa.string()))))
-        taken = taken or table.num_rows - kept.num_rows
+        taken[name] = table.num_rows - kept.num_rows
         write_atomic(kept, path)
-    return taken
+    return taken["results"]
 
 
 @click.command()

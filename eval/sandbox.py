@@ -308,10 +308,11 @@ class Prebuild:
         self.paused_at = None
 
     def active_s(self, now: float | None = None) -> float:
-        """Seconds it has run, less the time it was paused: what its build timeout and grade time count."""
+        """Seconds it had run by `now` (default: now, or its end), less the time it was paused: what its build
+        timeout, its grade time and an interrupted run's record count."""
         now = time.monotonic() if now is None else now
         held = self.paused_s + (0.0 if self.paused_at is None else now - self.paused_at)
-        return (self.ended or now) - self.started - held
+        return min(self.ended or now, now) - self.started - held
 
 
 def start_prebuild(problem_path: Path, solution_dir: Path, log_path: Path, cache_key: str,

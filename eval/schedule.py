@@ -727,8 +727,7 @@ def _recorded_if_cut_off(out: Path, gpu: str, sub: Submission, started: float, p
     try:
         yield
     except KeyboardInterrupt:
-        built_s = 0.0 if build is None else max(0.0, min(build.ended or started, started) - build.started
-                                                  - build.paused_s)
+        built_s = 0.0 if build is None else max(0.0, build.active_s(started))
         write_records(out, gpu, add_interruption(_interruptions(out, gpu), sub.run_id, sub.solution_sha256(),
                                                  time.monotonic() - started + built_s, phases[-1],
                                                  _now().isoformat()))
