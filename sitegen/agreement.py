@@ -184,9 +184,9 @@ EVIDENCE: dict[str, str] = {
         "after it graded this kernel. Any caller that allocates its inputs anew each step meets it"),
     "20260707_044245_longcat-claude_LongCat-2.0_07_w4a16_gemm": (
         "other GPU: theirs graded it on an RTX PRO 6000 (sm_120); on an H100 and an H200 (both sm_90, Triton "
-        "3.6.0) its autotuner's first call faults with an illegal memory access. bench/autotune_configs.py --shape 0 ran "
-        "each of its 9 configs alone in a fresh process (2026-12-05, H100 80GB HBM3): 8 give the reference's "
-        "output, and config 8 (BM 64, BN 32, BK 128, 4 warps, 4 stages) faults alone (run under "
+        "3.6.0) its autotuner's first call faults with an illegal memory access. bench/autotune_configs.py "
+        "--shape 0 ran each of its 9 configs alone in a fresh process (2026-12-05, H100 80GB HBM3): 8 give the "
+        "reference's output, and config 8 (BM 64, BN 32, BK 128, 4 warps, 4 stages) faults alone (run under "
         "compute-sanitizer's memcheck, it faults again and memcheck names no out-of-bounds access). "
         "bench/triton_bounds.py --shape 0 launched each config in Triton's interpreter with every address "
         "checked (2026-12-06): config 8's 27.5 million addresses, like each other config's, are all inside its "
