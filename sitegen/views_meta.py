@@ -4,7 +4,8 @@ The methodology page prints the grader's settings as the grader runs with them: 
 from `eval.settings` (the torch-free module that `timing`, `judge`, `audit`, `schedule` and `scoring`
 import them from), the datasheet peaks from `eval.hardware`, the per-problem rules from the loaded
 decks, the measured peaks from the hardware table, the ranking rule from `board` and the table of
-verdicts that differ from the original grader's from `agreement`. Nothing here is copied by hand, and
+verdicts that differ from the original grader's from `agreement`, the verdicts of one kernel on two of our
+GPUs from `reproduced`. Nothing here is copied by hand, and
 nothing imports torch.
 
 The downloads page lists every table as Parquet (copied as graded) plus the CSV and JSON that the
@@ -41,6 +42,7 @@ from .board import (
 )
 from .exports import Exports
 from .load import CPU_KEY, SiteData
+from .reproduced import reproduced
 from .views import _markdown
 
 _SOURCE = Path(__file__).resolve().parent.parent
@@ -280,6 +282,8 @@ def methodology(data: SiteData) -> dict[str, Any]:
         "legend": [(STATUS_LABELS[s], STATUS_HELP[s]) for s in STATUS_LABELS],
         "agreement": (agreed := agreement(data)),
         "agreement_gpus": {g: gpu_label(data, g) for g in agreed.gpus},
+        "reproduced": (again := reproduced(data)),
+        "reproduced_gpus": {g: gpu_label(data, g) for g in again.gpus},
         "status_labels": STATUS_LABELS,
         "status_tones": STATUS_TONES,
         "charts": False,
