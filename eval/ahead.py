@@ -16,7 +16,9 @@ Triton finds a variant only under its cache key, and the key hashes Triton's own
 (an archive made here with Python 3.11 was found by none of the H100 host's 3.12 gradings). The archive
 therefore carries `triton-ahead.json`, the fingerprint of the Triton that compiled it (`fingerprint`), and
 `kernelboard eval check-ahead ARCHIVE` on the GPU host says whether its keys can match there, and if not,
-which part differs; compile-ahead must run under the grading host's Python ABI and Triton build.
+which part differs; compile-ahead must run under the grading host's Python ABI and Triton build
+(`bench/ahead_env.sh` makes one: pyenv's CPython 3.12 with PyPI's triton 3.6.0 fingerprinted exactly as the
+H200 image's Triton did on 2026-12-07).
 
 Only Triton's cache travels: a torch extension built here would be built against this host's torch,
 which need not be the grader's, so the prebuild here refuses torch's JIT builds (`prebuild.py`
