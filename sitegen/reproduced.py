@@ -12,6 +12,7 @@ imported grader's. Speedups are not compared: each GPU divides by its own torch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import combinations
 
@@ -58,23 +59,26 @@ class Reproduced:
     pairs: tuple[Regraded, ...]  # sorted by (GPU pair, run_id)
     gpus: tuple[str, ...]  # the GPUs that graded at least one of them
 
+    def _where(self, keep: Callable[[Regraded], bool]) -> tuple[Regraded, ...]:
+        return tuple(p for p in self.pairs if keep(p))
+
     @property
     def same(self) -> tuple[Regraded, ...]:
-        return tuple(p for p in self.pairs if p.same)
+        return self._where(lambda p: p.same)
 
     @property
     def differ(self) -> tuple[Regraded, ...]:
-        return tuple(p for p in self.pairs if not p.same)
+        return self._where(lambda p: not p.same)
 
     @property
     def current(self) -> tuple[Regraded, ...]:
         """Pairs whose two verdicts today's grader would both give."""
-        return tuple(p for p in self.pairs if p.current)
+        return self._where(lambda p: p.current)
 
     @property
     def differ_pass(self) -> tuple[Regraded, ...]:
         """Pairs where one GPU passes the kernel and the other does not."""
-        return tuple(p for p in self.pairs if not p.same_pass)
+        return self._where(lambda p: not p.same_pass)
 
 
 def reproduced(data: SiteData) -> Reproduced:
