@@ -211,15 +211,20 @@ def _compile_one(sub: Submission, problem_dir: Path, scratch: Path, arch: str, l
     return Ahead(sub.run_id, key, len(cubins), round(seconds, 1), summary or (said[-1] if said else "no prebuild line"))
 
 
+def interrupted_runs(results: Path) -> set[str]:
+    """The runs a results folder records as cut off by a call (every GPU's `interrupted.json`): the ones whose
+    compile may outlast a call. A file that cannot be read is no record."""
+    return {run_id for gpu in (p.name for p in results.iterdir() if p.is_dir())
+            for run_id in read_records(results, gpu)[0]}
+
+
 def keep_ahead(results: Path, submissions: Path, out: Path, arch: str,
                run_ids: tuple[str, ...] = ()) -> tuple[int, int, list[Path]]:
     """Archive this host's Triton caches of the runs `results` records as interrupted (every GPU's
     `interrupted.json`) and of `run_ids`, as compile-ahead's archive for `arch`, to `out` and the parts beside
     it (`_write_archive`: written whole, or not at all when no variant is cached); returns (variants, runs,
     parts) archived."""
-    wanted = set(run_ids)
-    for gpu in (p.name for p in results.iterdir() if p.is_dir()):
-        wanted |= set(read_records(results, gpu)[0])  # a bad file is no record: nothing to keep
+    wanted = set(run_ids) | interrupted_runs(results)
     found, _ = discover(submissions)
     cubins = {sub.run_id: (sub.cache_key(), len(built_kernels(sub.cache_key())[0]))
               for sub in sorted(found, key=lambda sub: sub.run_id) if sub.run_id in wanted}

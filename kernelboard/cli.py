@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -235,6 +236,8 @@ def eval_todo(deck: Path, submissions: Path, out: Path, gpus: tuple[str, ...], o
 @_existing_submissions
 @click.option("--only", "only", multiple=True, metavar="GLOB", help="Only runs whose run_id matches (repeatable).")
 @click.option("--exclude", "exclude", multiple=True, metavar="GLOB", help="Leave these runs out (repeatable).")
+@click.option("--interrupted", "interrupted", type=_EXISTING_DIR, default=None, metavar="RESULTS",
+              help="Also the runs this results folder records as cut off by a call (each GPU's interrupted.json).")
 @click.option("--arch", default="9.0", show_default=True,
               help="The grading GPU's compute capability (TORCH_CUDA_ARCH_LIST form): 9.0 for H100 and H200.")
 @click.option("--jobs", type=click.IntRange(min=1), default=max(1, (os.cpu_count() or 1)), show_default="the CPUs",
@@ -244,16 +247,22 @@ def eval_todo(deck: Path, submissions: Path, out: Path, gpus: tuple[str, ...], o
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="The archive to write (.tgz): each solution's triton/ cache under its hash.")
 @_os_errors_are_one_line
-def eval_compile_ahead(deck: Path, submissions: Path, only: tuple[str, ...], exclude: tuple[str, ...], arch: str,
-                       jobs: int, limit_s: float, out: Path) -> None:
+def eval_compile_ahead(deck: Path, submissions: Path, only: tuple[str, ...], exclude: tuple[str, ...],
+                       interrupted: Path | None, arch: str, jobs: int, limit_s: float, out: Path) -> None:
     """Compile submissions' Triton kernels for the grading GPU here, with no GPU, for the GPU host's cache.
 
     Unpack the archive into the GPU host's cache root (KERNELBOARD_CACHE, default ~/.cache/kernelboard)
     before `kernelboard eval`: a kernel whose compile outlasts a GPU call is then graded in seconds.
     Torch extensions are not built here (they are bound to the grading host's torch).
     """
-    from kernelboard.eval.ahead import compile_ahead
+    from kernelboard.eval.ahead import compile_ahead, interrupted_runs
 
+    if interrupted is not None:
+        cut = sorted(interrupted_runs(interrupted))
+        if not (cut or only):  # an empty --only would select every submission
+            raise click.UsageError(f"{interrupted} records no run cut off by a call: nothing to compile (name "
+                                   "runs with --only)")
+        only = (*only, *(glob.escape(run_id) for run_id in cut))
     compile_ahead(deck, submissions, out, only, exclude, arch, jobs, limit_s)
 
 

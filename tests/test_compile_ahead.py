@@ -189,3 +189,32 @@ def test_an_archive_past_its_part_size_goes_in_parts_each_with_the_manifest_and_
     assert not list(out.parent.glob(".*.part"))
     one = _write_archive(out, [cache], manifest)  # the default size holds them all: the old parts go
     assert one == [out] and archive_parts(out) == [out]
+
+
+def test_compile_ahead_takes_the_runs_a_call_cut_off(tmp_path: Path) -> None:
+    """`--interrupted RESULTS` selects the runs the results folder records as cut off by a call (MiniMax-M3's 02
+    064019 compiled for 1,986 s here, longer than any GPU call): the recorded one is selected, the published
+    kernel beside it is not (compiling it would say "1 of 1 … define Triton kernels"). A folder that records
+    none refuses in one line rather than select every submission."""
+    from kernelboard.eval.interrupted import add_interruption, write_records
+
+    subs = tmp_path / "subs"
+    shutil.copytree(PUBLISHED, subs / PUBLISHED.name)
+    (subs / "b_cut").mkdir()
+    (subs / "b_cut" / "solution.py").write_text(REFERENCE)
+    (subs / "b_cut" / "run.yaml").write_text("problem: 07_w4a16_gemm\nmodel: test\nharness: pytest\n"
+                                             "agent_outcome: completed\n")
+    results = tmp_path / "res"
+    (results / "h200").mkdir(parents=True)
+    args = ["eval", "compile-ahead", "--deck", str(ROOT / "eval" / "decks" / "hard"), "--submissions", str(subs),
+            "--interrupted", str(results), "--out", str(tmp_path / "ahead.tgz")]
+    runner = CliRunner()
+    empty = runner.invoke(cli, args)
+    assert empty.exit_code == 2 and "records no run cut off by a call" in empty.output, empty.output
+    assert "Traceback" not in empty.output and not (tmp_path / "ahead.tgz").exists()
+    cut = next(s for s in discover(subs)[0] if s.run_id == "b_cut")
+    write_records(results, "h200", add_interruption({}, cut.run_id, cut.solution_sha256(), 546.3, "correctness",
+                                                    "2026-12-03T07:21:42+00:00"))
+    taken = runner.invoke(cli, args)
+    assert taken.exit_code == 0, taken.output
+    assert "0 of 1 selected submissions define Triton kernels" in " ".join(taken.output.split()), taken.output
