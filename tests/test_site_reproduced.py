@@ -17,6 +17,8 @@ from kernelboard.sitegen.render import _render, _site, make_env
 from kernelboard.sitegen.reproduced import reproduced
 
 REPO = Path(__file__).resolve().parents[1]
+#: Kernels whose current verdicts differ between two of our GPUs, each explained in data/README.md.
+EXPLAINED_DIFFERENCES: frozenset[str] = frozenset()
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +43,11 @@ def test_committed_pairs_are_our_own_sm90_gradings(committed: SiteData) -> None:
     ids = [id(p) for p in r.pairs]
     assert sorted(map(id, r.same + r.differ)) == sorted(ids)
     assert {id(p) for p in r.differ_pass} <= set(map(id, r.differ))
-    # what the board showed on 2026-12-07: every pair both of whose verdicts are current agrees
-    assert r.current and all(p.same for p in r.current)
+    # On 2026-12-07 every pair both of whose verdicts are current agreed. A new one that differs is a finding: find
+    # out why kernel by kernel (a race one grading met, a verdict that moved with its host), write it in
+    # data/README.md, then name it in EXPLAINED_DIFFERENCES.
+    moved = [p.run.run_id for p in r.current if not p.same and p.run.run_id not in EXPLAINED_DIFFERENCES]
+    assert r.current and not moved, f"current verdicts that differ between two GPUs, not explained yet: {moved}"
 
 
 def test_superseded_results_make_no_pair(committed: SiteData) -> None:
