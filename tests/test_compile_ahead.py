@@ -37,16 +37,21 @@ def _unused(x):
 REFERENCE = "from reference import Model, get_inputs, get_init_inputs  # noqa: F401\n"
 
 
+def _beside(subs: Path, name: str, source: str) -> None:
+    """A 07 submission `name` of `source` in `subs`, beside the published kernel copied there."""
+    (subs / name).mkdir()
+    (subs / name / "solution.py").write_text(source)
+    (subs / name / "run.yaml").write_text("problem: 07_w4a16_gemm\nmodel: test\nharness: pytest\n"
+                                          "agent_outcome: completed\n")
+
+
 def test_only_triton_caches_travel_under_each_solutions_hash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "12.0")  # this shell's own: --arch wins, and is restored after
     cache_root = os.environ.get("KERNELBOARD_CACHE")
     subs = tmp_path / "subs"
     shutil.copytree(PUBLISHED, subs / PUBLISHED.name)
     for name, source in (("b_builds_at_import", BUILDS_AT_IMPORT), ("c_reference", REFERENCE)):
-        (subs / name).mkdir()
-        (subs / name / "solution.py").write_text(source)
-        (subs / name / "run.yaml").write_text("problem: 07_w4a16_gemm\nmodel: test\nharness: pytest\n"
-                                              "agent_outcome: completed\n")
+        _beside(subs, name, source)
     out = tmp_path / "ahead" / "triton.tgz"
     result = CliRunner().invoke(cli, ["eval", "compile-ahead", "--deck", str(ROOT / "eval" / "decks" / "hard"),
                                       "--submissions", str(subs), "--jobs", "2", "--limit", "120", "--out", str(out)])
@@ -118,10 +123,7 @@ def test_keep_ahead_carries_what_a_cut_off_call_compiled_to_the_next_host(tmp_pa
     monkeypatch.setenv("KERNELBOARD_CACHE", str(tmp_path / "cache"))
     subs = tmp_path / "subs"
     shutil.copytree(PUBLISHED, subs / PUBLISHED.name)
-    (subs / "b_graded").mkdir()
-    (subs / "b_graded" / "solution.py").write_text(REFERENCE)
-    (subs / "b_graded" / "run.yaml").write_text("problem: 07_w4a16_gemm\nmodel: test\nharness: pytest\n"
-                                                "agent_outcome: completed\n")
+    _beside(subs, "b_graded", REFERENCE)
     found = {s.run_id: s for s in discover(subs)[0]}
     cut, graded = found[PUBLISHED.name], found["b_graded"]
     results = tmp_path / "res"
@@ -200,10 +202,7 @@ def test_compile_ahead_takes_the_runs_a_call_cut_off(tmp_path: Path) -> None:
 
     subs = tmp_path / "subs"
     shutil.copytree(PUBLISHED, subs / PUBLISHED.name)
-    (subs / "b_cut").mkdir()
-    (subs / "b_cut" / "solution.py").write_text(REFERENCE)
-    (subs / "b_cut" / "run.yaml").write_text("problem: 07_w4a16_gemm\nmodel: test\nharness: pytest\n"
-                                             "agent_outcome: completed\n")
+    _beside(subs, "b_cut", REFERENCE)
     results = tmp_path / "res"
     (results / "h200").mkdir(parents=True)
     args = ["eval", "compile-ahead", "--deck", str(ROOT / "eval" / "decks" / "hard"), "--submissions", str(subs),
