@@ -36,8 +36,7 @@ FLOOR_MARGIN = 1.02
 def host_floor_passes(results: Path, gpu: str, before: str) -> list[str]:
     """Passes on `gpu` graded by a grader older than `before` with a shape the host set (see the module's
     docstring), by problem then run id."""
-    passes = {r["run_id"]: r["grader_version"] for r in read_table(table_path(results, gpu, "results"),
-                                                                   "results").to_pylist()
+    passes = {r["run_id"] for r in read_table(table_path(results, gpu, "results"), "results").to_pylist()
               if r["status"] == "pass" and r["grader_version"] and graded_before(r["grader_version"], before)}
     chosen = set()
     for s in read_table(table_path(results, gpu, "shapes"), "shapes").to_pylist():

@@ -19,7 +19,7 @@ from itertools import combinations
 from kernelboard.eval.hardware import GPUS
 from kernelboard.eval.settings import result_current
 
-from .load import CPU_KEY, Result, Run, SiteData
+from .load import Result, Run, SiteData
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def reproduced(data: SiteData) -> Reproduced:
     """Every (kernel, pair of GPUs of one SM) that kernelboard graded on both, with the board's results."""
     ours: dict[str, list[Result]] = {}
     for r in data.results:
-        if not r.is_imported and r.gpu != CPU_KEY and r.gpu in GPUS and r.run_id in data.runs:
+        if not r.is_imported and r.gpu in GPUS and r.run_id in data.runs:  # GPUS: no CPU key, no unknown GPU
             ours.setdefault(r.run_id, []).append(r)
     pairs = []
     for run_id, results in ours.items():
