@@ -33,19 +33,25 @@ from kernelboard.eval.tables import read_table, table_path, write_atomic
 FLOOR_MARGIN = 1.02
 
 
+def host_set(shape: dict) -> str | None:
+    """How the grading host set a shape's figure (a `shapes.parquet` row): "synchronised" (timed with a
+    synchronise after every call), "floor" (covered, its median above its GPU span: the host's least dispatch),
+    or None where the GPU's own span set it."""
+    span = shape.get("gpu_span_ms")
+    if shape.get("timing_method") == "synchronised":
+        return "synchronised"
+    if shape.get("timing_method") == "covered" and span and shape["median_ms"] > FLOOR_MARGIN * span:
+        return "floor"
+    return None
+
+
 def host_floor_passes(results: Path, gpu: str, before: str) -> list[str]:
     """Passes on `gpu` graded by a grader older than `before` with a shape the host set (see the module's
     docstring), by problem then run id."""
     passes = {r["run_id"] for r in read_table(table_path(results, gpu, "results"), "results").to_pylist()
               if r["status"] == "pass" and r["grader_version"] and graded_before(r["grader_version"], before)}
-    chosen = set()
-    for s in read_table(table_path(results, gpu, "shapes"), "shapes").to_pylist():
-        if s["run_id"] not in passes:
-            continue
-        span = s.get("gpu_span_ms")
-        if s.get("timing_method") == "synchronised" or (
-                s.get("timing_method") == "covered" and span and s["median_ms"] > FLOOR_MARGIN * span):
-            chosen.add(s["run_id"])
+    chosen = {s["run_id"] for s in read_table(table_path(results, gpu, "shapes"), "shapes").to_pylist()
+              if s["run_id"] in passes and host_set(s) is not None}
     problem = {r["run_id"]: r["problem"] for r in read_table(table_path(results, gpu, "runs"), "runs").to_pylist()}
     return sorted(chosen, key=lambda run_id: (problem.get(run_id, ""), run_id))
 

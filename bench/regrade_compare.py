@@ -1,0 +1,143 @@
+"""How the figures of runs graded again moved: one GPU's results in two folders (or the committed data at
+an earlier revision), run by run, then in sum.
+
+Why: a regrade replaces a run's row (`eval merge`), so once merged the figure it had is only in git. A grader
+change or another host moves speedups; a reader of the board should know by how much, and the note that
+merges a regrade says it with this command's figures. Each run graded in both, by another grader or at
+another time, is one line: its speedup over torch.compile before and after, their ratio, and how many of its
+shapes the grading host set (`regrade_seed.host_set`: timed synchronised, or covered at the host's floor)
+before and after. A verdict that changed is listed apart: that is a finding, not noise.
+
+    .venv/bin/python bench/regrade_compare.py --gpu h100-sxm --old HEAD~1 --new data/results
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+from regrade_seed import host_set  # bench/ is this script's sys.path[0]
+
+from kernelboard.eval.tables import read_table, table_path
+
+REPO = Path(__file__).resolve().parents[1]
+MOVED = 0.05  # a speedup that moved by more than this fraction is counted as moved
+
+
+def _rows(results: Path, gpu: str, name: str) -> list[dict[str, Any]]:
+    path = table_path(results, gpu, name)
+    if not path.exists():
+        sys.exit(f"regrade_compare: {path} does not exist (expected {gpu}'s {name} table)")
+    return read_table(path, name).to_pylist()
+
+
+def _spread(ratios: list[float]) -> str:
+    """A sample of ratios in a few words: its count, median, deciles (from ten on) and range."""
+    ratios = sorted(ratios)
+    deciles = (f", deciles {' '.join(f'{q:.3f}' for q in statistics.quantiles(ratios, n=10))}"
+               if len(ratios) >= 10 else "")
+    return (f"{len(ratios)}: median {statistics.median(ratios):.3f}{deciles}, "
+            f"least {ratios[0]:.3f}, most {ratios[-1]:.3f}")
+
+
+def shape_ratios(old: Path, new: Path, gpu: str, run_ids: set[str]) -> tuple[list[float], list[float]]:
+    """Each shape's median after ÷ before, for the passes `run_ids`: (the shapes the GPU's own span set in both
+    gradings, the shapes the host set in either). The first is what a regrade should reproduce."""
+    before = {(s["run_id"], s["shape_idx"]): s for s in _rows(old, gpu, "shapes") if s["run_id"] in run_ids}
+    by_gpu, by_host = [], []
+    for s in _rows(new, gpu, "shapes"):
+        a = before.get((s["run_id"], s["shape_idx"]))
+        if a is None or not a["median_ms"] or not s["median_ms"]:
+            continue
+        (by_gpu if host_set(a) is None and host_set(s) is None else by_host).append(s["median_ms"] / a["median_ms"])
+    return by_gpu, by_host
+
+
+def _host_set_counts(shapes: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+    """run id -> (shapes covered at the host's floor, shapes timed synchronised)."""
+    counts: dict[str, list[int]] = {}
+    for shape in shapes:
+        how = host_set(shape)
+        tally = counts.setdefault(shape["run_id"], [0, 0])
+        if how is not None:
+            tally[0 if how == "floor" else 1] += 1
+    return {run_id: (floor, sync) for run_id, (floor, sync) in counts.items()}
+
+
+def compare(old: Path, new: Path, gpu: str) -> list[str]:
+    """The report's lines: one per run graded in both folders by another grader or at another time, then the
+    summary of the speedups' ratios (new over old) of the runs that passed in both."""
+    before = {r["run_id"]: r for r in _rows(old, gpu, "results")}
+    after = {r["run_id"]: r for r in _rows(new, gpu, "results")}
+    hosts_before, hosts_after = _host_set_counts(_rows(old, gpu, "shapes")), _host_set_counts(_rows(new, gpu, "shapes"))
+    again = sorted((run_id for run_id, row in after.items() if run_id in before
+                    and (row["grader_version"], row["graded_at"]) != (before[run_id]["grader_version"],
+                                                                      before[run_id]["graded_at"])),
+                   key=lambda run_id: (run_id.split("_", 4)[-1], run_id))
+    lines, ratios, changed, passed = [], [], [], set()
+    for run_id in again:
+        a, b = before[run_id], after[run_id]
+        if a["status"] != b["status"]:
+            changed.append(f"  {run_id}: {a['status']} ({a['grader_version']}) -> {b['status']} "
+                           f"({b['grader_version']}): {b['message']}")
+            continue
+        if a["status"] != "pass" or not a["speedup_vs_compile"] or not b["speedup_vs_compile"]:
+            lines.append(f"{run_id}: {a['status']} in both")
+            continue
+        ratio = b["speedup_vs_compile"] / a["speedup_vs_compile"]
+        ratios.append(ratio)
+        passed.add(run_id)
+        lines.append(f"{run_id}: {a['speedup_vs_compile']:.2f}x ({a['grader_version']}) -> "
+                     f"{b['speedup_vs_compile']:.2f}x ({b['grader_version']}), {ratio:.2f}; "
+                     f"host-set shapes (floor, synchronised) "
+                     f"{hosts_before.get(run_id, (0, 0))} -> {hosts_after.get(run_id, (0, 0))}")
+    lines.append(f"{len(again)} runs graded again on {gpu}, {len(changed)} with another verdict"
+                 + ("" if not changed else ":"))
+    lines.extend(changed)
+    if ratios:
+        floor_shapes = [sum(hosts[r][0] for r in passed if r in hosts) for hosts in (hosts_before, hosts_after)]
+        sync_shapes = [sum(hosts[r][1] for r in passed if r in hosts) for hosts in (hosts_before, hosts_after)]
+        lines.append(f"speedup after / before, passes {_spread(ratios)}; "
+                     f"up by more than {MOVED:.0%}: {sum(r > 1 + MOVED for r in ratios)}, "
+                     f"down by more than {MOVED:.0%}: {sum(r < 1 - MOVED for r in ratios)}")
+        lines.append(f"shapes the host set: at its floor {floor_shapes[0]} -> {floor_shapes[1]}, "
+                     f"synchronised {sync_shapes[0]} -> {sync_shapes[1]}")
+        for label, sample in zip(("set by the GPU's span in both", "set by the host in either"),
+                                 shape_ratios(old, new, gpu, passed), strict=True):
+            if sample:
+                lines.append(f"shape medians after / before, {label}, {_spread(sample)}")
+    return lines
+
+
+def _at_revision(revision: str, gpu: str, into: Path) -> Path:
+    """`gpu`'s results and shapes tables of data/results as committed at `revision`, written under `into`."""
+    for name in ("results", "shapes"):
+        relative = table_path(Path("data/results"), gpu, name)
+        shown = subprocess.run(["git", "show", f"{revision}:{relative.as_posix()}"], cwd=REPO, capture_output=True)
+        if shown.returncode != 0:
+            sys.exit(f"regrade_compare: git has no {relative} at {revision}: {shown.stderr.decode().strip()}")
+        target = table_path(into, gpu, name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(shown.stdout)
+    return into
+
+
+@click.command()
+@click.option("--gpu", required=True, help="The board key (h100-sxm, h200).")
+@click.option("--old", required=True, help="The results folder before the regrade, or a git revision of data/results.")
+@click.option("--new", type=click.Path(exists=True, file_okay=False, path_type=Path), default=Path("data/results"),
+              show_default=True, help="The results folder after it.")
+def main(gpu: str, old: str, new: Path) -> None:
+    with tempfile.TemporaryDirectory(prefix="regrade-compare-") as tmp:
+        before = Path(old) if Path(old).is_dir() else _at_revision(old, gpu, Path(tmp))
+        for line in compare(before, new, gpu):
+            print(line)
+
+
+if __name__ == "__main__":
+    main()
