@@ -84,6 +84,15 @@ def built_line(before: tuple[frozenset[Path], frozenset[Path]], after: tuple[fro
             f"(found built before: {len(before[0])} and {len(before[1])})")
 
 
+def found_line(cache_key: str) -> str:
+    """The prebuild log's first account of its solution's compile caches: what an archive compiled ahead or an
+    earlier call left there (an H100 call of 2026-12-07 could not tell whether MiniMax-M3 07 215424's prebuild,
+    in a warm call for the whole call, had found the archive it was carried)."""
+    triton, extensions = built_kernels(cache_key)
+    return (f"[grader] in its compile caches before this prebuild: {len(triton)} Triton kernel variants, "
+            f"{len(extensions)} extensions")
+
+
 def hold_cache(cache_key: str, log: IO[str]) -> int:
     """Join the builders of one solution's compile caches, for as long as the returned descriptor is open
     (a prebuild's life, or a worker's): a shared `flock` on `<cache>.lock` beside the cache folder, where
@@ -330,7 +339,7 @@ def start_prebuild(problem_path: Path, solution_dir: Path, log_path: Path, cache
     problem = jail.problem_copy(problem_path, solution_dir)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
-        log.write(f"{cutlass_line()}\n")
+        log.write(f"{cutlass_line()}\n{found_line(cache_key)}\n")
         log.flush()
         cache_fd = hold_cache(cache_key, log)
         started = time.monotonic()

@@ -21,6 +21,7 @@ import contextlib
 import datetime as dt
 import fnmatch
 import json
+import math
 import os
 import secrets
 import shutil
@@ -523,6 +524,7 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
     GPU takes the first submission in queue order whose build has ended (`next_to_grade`), so a slow
     build delays only its own submission.
     """
+    batch_started = time.time()  # a held run longer than the whole batch is told apart (`too_late`)
     deck = load_deck(opts.deck)
     subs = select_submissions(opts, set(deck))
     env = probe_device(opts.device)
@@ -583,7 +585,7 @@ def run_eval(opts: EvalOptions) -> list[dict[str, Any]]:
         builds = BuildQueue(queue, gradeable, held, depth,
                             lambda nsub, nproblem: _prebuild(opts, gpu, nproblem, nsub, env, scratch, cell))
         def why_late(sub: Submission) -> str | None:
-            return (too_late(held.get(sub.run_id), opts.stop_at)
+            return (too_late(held.get(sub.run_id), opts.stop_at, started=batch_started)
                     or no_time_for(sub.problem, quickest.get(sub.problem), opts.stop_at, gpu))
 
         try:
@@ -644,18 +646,27 @@ def _note_paused_builds(log: Path, builds: BuildQueue, paused_before: float) -> 
             fh.write(f"[grader] the builds beside it were paused while it was timed: {paused:.1f} s\n")
 
 
-def too_late(record: Interruption | None, stop_at: float | None, now: float | None = None) -> str | None:
+def too_late(record: Interruption | None, stop_at: float | None, now: float | None = None,
+             started: float | None = None) -> str | None:
     """Why a run held back is not started (None: it is), where the batch will be cut at `stop_at`: each of
     its earlier attempts ran longer, on average, than what is left, so this one would be cut again, its GPU
     time spent for nothing (deepseek-v4-pro 02 125550, a max-autotune torch.compile, ran 348 s into its first
     shape's checks before an H100 call's deadline). It waits for a call that starts with it: graded last, it
-    goes first once nothing else is left, with the whole call before it."""
+    goes first once nothing else is left, with the whole call before it. Where even the whole batch (from
+    `started`, its start) is shorter than an attempt, no call of that length grades it, and the reason says
+    what would: MiniMax-M3 02 064019's one attempt ran 520.7 s, and three H100 calls of 2026-12-07, each
+    with 495 s after its setup, said it would be graded by a call that starts with it, as each of them did."""
     if record is None or stop_at is None:
         return None
     left = stop_at - (time.time() if now is None else now)
     each = record.seconds / max(record.times, 1)
     if left >= each:
         return None
+    if started is not None and stop_at - started < each:
+        return (f"{record.summary()}, {each:.0f} s an attempt, more than this whole batch had "
+                f"({stop_at - started:.0f} s from its start to --stop-at): a batch given {math.ceil(each)} s or more "
+                f"grades it (bench/gpu_session.sh: IDS naming it alone, and a DEADLINE that leaves that much after "
+                f"the setup)")
     return (f"{record.summary()}, {each:.0f} s an attempt, and this batch ends in {max(left, 0):.0f} s "
             f"(--stop-at): a call that starts with it grades it")
 

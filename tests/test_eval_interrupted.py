@@ -247,6 +247,14 @@ def test_a_held_run_is_started_only_where_an_attempt_fits_before_the_batch_ends(
     assert why == ("interrupted 2 times (700 s in all; last in 'correctness'), 350 s an attempt, and this batch "
                    "ends in 349 s (--stop-at): a call that starts with it grades it")
     assert too_late(record, 900.0, now=1000.0).endswith("ends in 0 s (--stop-at): a call that starts with it grades it")
+    assert too_late(record, 1349.0, now=1000.0, started=900.0).endswith("a call that starts with it grades it")
+    # MiniMax-M3 02 064019 on an H100, 2026-12-07: one attempt of 520.7 s, and every call 495 s after its setup
+    never = too_late(Interruption("sha", 1, 520.7, "correctness", "2026-12-06T07:30:44+00:00"), 1495.0, now=1000.0,
+                     started=1000.0)
+    assert never == ("interrupted once (521 s in all; last in 'correctness'), 521 s an attempt, more than this whole "
+                     "batch had (495 s from its start to --stop-at): a batch given 521 s or more grades it "
+                     "(bench/gpu_session.sh: IDS naming it alone, and a DEADLINE that leaves that much after "
+                     "the setup)")
 
 
 @pytest.mark.slow  # `kernelboard eval --gpus` end to end, cut off

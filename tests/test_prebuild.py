@@ -512,6 +512,9 @@ def test_the_prebuild_answers_the_grading_gpus_properties_from_import_on(tmp_pat
               "from reference import Model, get_inputs, get_init_inputs  # noqa: F401\n")
     gpu = {"device_name": "NVIDIA H100 80GB HBM3", "sm_count": 132, "memory_bytes": 85_000_000_000,
            "l2_bytes": 52_428_800}
+    carried = tmp_path / "cache" / "named" / "triton" / "KEY"  # a variant an archive compiled ahead left there
+    carried.mkdir(parents=True)
+    (carried / "kernel.cubin").write_bytes(b"\0")
     said = {}
     for name, identity in (("named", gpu), ("unnamed", None)):
         folder = tmp_path / name
@@ -523,6 +526,8 @@ def test_the_prebuild_answers_the_grading_gpus_properties_from_import_on(tmp_pat
         said[name] = log.read_text()
     assert "AT IMPORT sm_90 132 SMs NVIDIA H100 80GB HBM3" in said["named"], said["named"]
     assert "[prebuild] imported" in said["named"]
+    assert "[grader] in its compile caches before this prebuild: 1 Triton kernel variants, 0 ext" in said["named"]
+    assert "before this prebuild: 0 Triton kernel variants, 0 extensions" in said["unnamed"]
     assert "[prebuild] import failed" in said["unnamed"] and "AT IMPORT" not in said["unnamed"], said["unnamed"]
 
 
