@@ -21,19 +21,23 @@ from pathlib import Path
 from typing import Any
 
 import click
+import pyarrow.parquet as pq
 from regrade_seed import host_set  # bench/ is this script's sys.path[0]
 
+from kernelboard.eval import regrades
 from kernelboard.eval.tables import read_table, table_path
 
 REPO = Path(__file__).resolve().parents[1]
 MOVED = 0.05  # a speedup that moved by more than this fraction is counted as moved
 
 
-def _rows(results: Path, gpu: str, name: str) -> list[dict[str, Any]]:
+def _rows(results: Path, gpu: str, name: str, checked: bool = True) -> list[dict[str, Any]]:
+    """A table's rows; unchecked for a revision of git's history, whose tables may predate columns added since
+    (the ones `regrades.pairs` reads were there from the first)."""
     path = table_path(results, gpu, name)
     if not path.exists():
         sys.exit(f"regrade_compare: {path} does not exist (expected {gpu}'s {name} table)")
-    return read_table(path, name).to_pylist()
+    return (read_table(path, name) if checked else pq.read_table(path)).to_pylist()
 
 
 def _spread(ratios: list[float]) -> str:
@@ -45,17 +49,21 @@ def _spread(ratios: list[float]) -> str:
             f"least {ratios[0]:.3f}, most {ratios[-1]:.3f}")
 
 
-def shape_ratios(old: Path, new: Path, gpu: str, run_ids: set[str]) -> tuple[list[float], list[float]]:
-    """Each shape's median after ÷ before, for the passes `run_ids`: (the shapes the GPU's own span set in both
-    gradings, the shapes the host set in either). The first is what a regrade should reproduce."""
-    before = {(s["run_id"], s["shape_idx"]): s for s in _rows(old, gpu, "shapes") if s["run_id"] in run_ids}
-    by_gpu, by_host = [], []
-    for s in _rows(new, gpu, "shapes"):
-        a = before.get((s["run_id"], s["shape_idx"]))
-        if a is None or not a["median_ms"] or not s["median_ms"]:
-            continue
-        (by_gpu if host_set(a) is None and host_set(s) is None else by_host).append(s["median_ms"] / a["median_ms"])
+def shape_ratios(old: Path, new: Path, gpu: str) -> tuple[list[float], list[float]]:
+    """Each shape's median after ÷ before, for the passes graded again (`regrades.pairs`): (the shapes the GPU's
+    own span set in both gradings, the shapes the host set in either). The first is what a regrade should
+    reproduce."""
+    rows = regrades.pairs(_tables(old, gpu), _tables(new, gpu), gpu, "")
+    by_gpu: list[float] = []
+    by_host: list[float] = []
+    for r in rows:
+        both = r["before_set_by"] == r["after_set_by"] == "gpu"
+        (by_gpu if both else by_host).append(r["after_median_ms"] / r["before_median_ms"])
     return by_gpu, by_host
+
+
+def _tables(results: Path, gpu: str, checked: bool = True) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    return _rows(results, gpu, "results", checked), _rows(results, gpu, "shapes", checked)
 
 
 def _host_set_counts(shapes: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
@@ -108,7 +116,7 @@ def compare(old: Path, new: Path, gpu: str) -> list[str]:
         lines.append(f"shapes the host set: at its floor {floor_shapes[0]} -> {floor_shapes[1]}, "
                      f"synchronised {sync_shapes[0]} -> {sync_shapes[1]}")
         for label, sample in zip(("set by the GPU's span in both", "set by the host in either"),
-                                 shape_ratios(old, new, gpu, passed), strict=True):
+                                 shape_ratios(old, new, gpu), strict=True):
             if sample:
                 lines.append(f"shape medians after / before, {label}, {_spread(sample)}")
     return lines
@@ -127,16 +135,71 @@ def _at_revision(revision: str, gpu: str, into: Path) -> Path:
     return into
 
 
+def _revision(revision: str) -> str:
+    """The commit `revision` names, in full (each recorded row names the one its "before" row came from)."""
+    shown = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"], cwd=REPO,
+                           capture_output=True, text=True)
+    if shown.returncode != 0:
+        sys.exit(f"regrade_compare: {revision!r} is not a git revision of this repository")
+    return shown.stdout.strip()
+
+
+def _committed(revision: str, gpu: str) -> bool:
+    """Whether `revision` holds both of `gpu`'s results and shapes tables."""
+    return all(subprocess.run(["git", "cat-file", "-e", f"{revision}:{table_path(Path('data/results'), gpu, name)}"],
+                              cwd=REPO, capture_output=True).returncode == 0 for name in ("results", "shapes"))
+
+
+def history(gpu: str) -> list[dict[str, Any]]:
+    """`regrades` rows for every pair of consecutive committed revisions of `gpu`'s results (git's history of
+    data/results/<gpu>/results.parquet): each regrade merged since the board began."""
+    relative = table_path(Path("data/results"), gpu, "results").as_posix()
+    revisions = subprocess.run(["git", "log", "--format=%H", "--reverse", "--", relative], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.split()
+    rows: list[dict[str, Any]] = []
+    before: tuple[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] | None = None
+    for revision in revisions:
+        if not _committed(revision, gpu):
+            before = None
+            continue
+        with tempfile.TemporaryDirectory(prefix="regrade-history-") as tmp:
+            after = _tables(_at_revision(revision, gpu, Path(tmp)), gpu, checked=False)
+        if before is not None:
+            rows.extend(regrades.pairs(before[1], after, gpu, before[0]))
+        before = (revision, after)
+    return rows
+
+
 @click.command()
 @click.option("--gpu", required=True, help="The board key (h100-sxm, h200).")
-@click.option("--old", required=True, help="The results folder before the regrade, or a git revision of data/results.")
+@click.option("--old", help="The results folder before the regrade, or a git revision of data/results.")
 @click.option("--new", type=click.Path(exists=True, file_okay=False, path_type=Path), default=Path("data/results"),
               show_default=True, help="The results folder after it.")
-def main(gpu: str, old: str, new: Path) -> None:
-    with tempfile.TemporaryDirectory(prefix="regrade-compare-") as tmp:
-        before = Path(old) if Path(old).is_dir() else _at_revision(old, gpu, Path(tmp))
-        for line in compare(before, new, gpu):
-            print(line)
+@click.option("--record", "record_to", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also add the shapes graded again to this table (data/regrades.parquet); --old must then be a "
+                   "git revision, which each row names.")
+@click.option("--history", "whole_history", is_flag=True,
+              help="With --record: every regrade in git's history of the GPU's results, not --old and --new.")
+def main(gpu: str, old: str | None, new: Path, record_to: Path | None, whole_history: bool) -> None:
+    if whole_history:
+        if record_to is None:
+            sys.exit("regrade_compare: --history records what it finds: name the table with --record")
+        rows = history(gpu)
+    else:
+        if old is None:
+            sys.exit("regrade_compare: name the results before the regrade with --old (a folder or a git revision)")
+        if record_to is not None and Path(old).is_dir():
+            sys.exit("regrade_compare: --record needs --old to be a git revision (each row names where its "
+                     "figure before came from)")
+        with tempfile.TemporaryDirectory(prefix="regrade-compare-") as tmp:
+            before = Path(old) if Path(old).is_dir() else _at_revision(old, gpu, Path(tmp))
+            for line in compare(before, new, gpu):
+                print(line)
+            rows = [] if record_to is None else regrades.pairs(_tables(before, gpu), _tables(new, gpu), gpu,
+                                                                _revision(old))
+    if record_to is not None:
+        added, total = regrades.record(record_to, rows)
+        print(f"{record_to}: {added} shapes graded again added, {total} in all")
 
 
 if __name__ == "__main__":

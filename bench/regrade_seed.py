@@ -26,23 +26,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kernelboard import __version__
+from kernelboard.eval.regrades import set_by
 from kernelboard.eval.settings import graded_before
 from kernelboard.eval.tables import read_table, table_path, write_atomic
-
-#: A covered shape whose median passes its covered GPU span by more than this was timed at the host's floor.
-FLOOR_MARGIN = 1.02
 
 
 def host_set(shape: dict) -> str | None:
     """How the grading host set a shape's figure (a `shapes.parquet` row): "synchronised" (timed with a
-    synchronise after every call), "floor" (covered, its median above its GPU span: the host's least dispatch),
-    or None where the GPU's own span set it."""
-    span = shape.get("gpu_span_ms")
-    if shape.get("timing_method") == "synchronised":
-        return "synchronised"
-    if shape.get("timing_method") == "covered" and span and shape["median_ms"] > FLOOR_MARGIN * span:
-        return "floor"
-    return None
+    synchronise after every call) or "floor" (covered, its median above its GPU span: the host's least dispatch);
+    None where the GPU's own span set it, or its grader did not record enough to say (`regrades.set_by`)."""
+    how = set_by(shape)
+    return how if how in ("floor", "synchronised") else None
 
 
 def host_floor_passes(results: Path, gpu: str, before: str) -> list[str]:

@@ -152,6 +152,7 @@ def digests(data_dir: Path, decks_dir: Path, base_url: str | None, known: Hashes
     roots = [("tables", "results", data_dir / "results", None),
              ("tables", "annotations", data_dir / "annotations", None),
              ("tables", "readme", data_dir / "README.md", None),
+             ("tables", "regrades", data_dir / "regrades.parquet", None),
              ("submissions", "submissions", data_dir / "submissions", "run.yaml"), ("decks", "decks", decks_dir, None),
              *(("site", f"source:{p.name}", p, None) for p in SOURCE_INPUTS)]
     for group, part, root, skip in roots:

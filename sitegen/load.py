@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from kernelboard.errors import DataError, DeckError
 from kernelboard.eval.deck import Problem, load_problem
+from kernelboard.eval.regrades import read_regrades
 from kernelboard.eval.roofline import geomean
 from kernelboard.eval.schema import (
     CPU_KEY,
@@ -310,6 +311,8 @@ class SiteData:
     #: results held back from every board and page (`superseded`): timed by an older method than their
     #: problem's baselines on their GPU, so to be regraded before their speed is shown
     superseded: tuple[Result, ...] = ()
+    #: DATA/regrades.parquet's rows (`eval/regrades.py`): the shapes of passes graded again, before and after
+    regrades: tuple[dict[str, Any], ...] = ()
 
     @property
     def last_updated(self) -> datetime | None:
@@ -395,7 +398,22 @@ def load_site(data_dir: Path, decks_dir: Path) -> SiteData:
                      **_log_files(results_dir, results)},
         annotations={k: v for k, v in load_annotations(data_dir / "annotations").items() if k in runs},
         readme=_read_readme(data_dir / "README.md"),
+        regrades=_read_regrades(data_dir / "regrades.parquet", runs, hardware),
     )
+
+
+def _read_regrades(path: Path, runs: dict[str, Run], hardware: dict[str, Hardware]) -> tuple[dict[str, Any], ...]:
+    """DATA/regrades.parquet's rows, each naming a run of the runs table and a GPU of the hardware table (one
+    `DataError` line per field that does not)."""
+    rows = read_regrades(path)
+    unknown = [f"{path}: row {i} (run_id={row['run_id']!r}, gpu={row['gpu']!r}): field {field!r}: expected "
+               f"{what}" for i, row in enumerate(rows)
+               for field, known, what in (("run_id", runs, "a run of the runs table"),
+                                          ("gpu", hardware, "a GPU of the hardware table"))
+               if row[field] not in known]
+    if unknown:
+        raise DataError(unknown)
+    return tuple(rows)
 
 
 def split_superseded(runs: dict[str, Run], results: tuple[Result, ...],

@@ -29,6 +29,7 @@ from kernelboard.errors import KernelboardError
 from kernelboard.eval import settings
 from kernelboard.eval.deck import DEFAULT_TOLERANCE, Problem
 from kernelboard.eval.hardware import GPUS, PRECISIONS
+from kernelboard.eval.regrades import FLOOR_MARGIN
 
 from .agreement import agreement
 from .board import (
@@ -41,7 +42,8 @@ from .board import (
     tab_gpu_order,
 )
 from .exports import Exports
-from .load import CPU_KEY, SiteData
+from .load import CPU_KEY, HOST_BOUND_RATIO, SiteData
+from .regraded import regraded
 from .reproduced import reproduced
 from .views import _markdown
 
@@ -284,6 +286,10 @@ def methodology(data: SiteData) -> dict[str, Any]:
         "agreement_gpus": {g: gpu_label(data, g) for g in agreed.gpus},
         "reproduced": (again := reproduced(data)),
         "reproduced_gpus": {g: gpu_label(data, g) for g in again.gpus},
+        "regraded": (timed_again := regraded(data)),
+        "floor_margin": FLOOR_MARGIN,
+        "host_bound_ratio": HOST_BOUND_RATIO,
+        "regraded_gpus": {g.gpu: gpu_label(data, g.gpu) for g in timed_again.gpus},
         "status_labels": STATUS_LABELS,
         "status_tones": STATUS_TONES,
         "charts": False,
