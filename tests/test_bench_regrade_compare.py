@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
+from kernelboard.eval import regrades
 from kernelboard.eval.tables import read_table, table_path, write_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,3 +64,33 @@ def test_a_revision_is_read_from_git_and_a_bad_one_is_one_line() -> None:
     bad = _run("--old", "no-such-revision")
     assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1
     assert bad.stderr.startswith("regrade_compare: git has no data/results/h100-sxm/results.parquet at no-such-rev")
+
+
+def test_history_records_every_regrade_git_holds_each_naming_its_revision(tmp_path: Path) -> None:
+    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], capture_output=True, text=True, cwd=ROOT)
+    if shallow.stdout.strip() != "false":
+        pytest.skip("a shallow clone (or no git) holds no history of data/results to read")
+    table = tmp_path / "regrades.parquet"
+    done = _run("--history", "--record", str(table))
+    assert done.returncode == 0, done.stderr
+    rows = regrades.read_regrades(table)
+    assert len(rows) >= 200 and {r["gpu"] for r in rows} == {GPU}
+    committed = {(r["run_id"], r["shape_idx"], r["after_graded_at"]) for r in regrades.read_regrades(
+        ROOT / "data" / "regrades.parquet") if r["gpu"] == GPU}
+    assert {(r["run_id"], r["shape_idx"], r["after_graded_at"]) for r in rows} >= committed  # what data/ holds
+    revisions = {r["before_commit"] for r in rows}
+    shown = subprocess.run(["git", "cat-file", "--batch-check"], input="".join(f"{c}\n" for c in revisions),
+                           capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert shown.count(" commit ") == len(revisions)  # each a commit of this repository
+    again = _run("--history", "--record", str(table))
+    assert again.stdout.strip().endswith(f"0 shapes graded again added, {len(rows)} in all")
+
+
+def test_record_needs_a_revision_and_history_needs_record(tmp_path: Path) -> None:
+    folder = _run("--old", str(RESULTS), "--record", str(tmp_path / "r.parquet"))
+    assert folder.returncode == 1 and folder.stderr.strip() == (
+        "regrade_compare: --record needs --old to be a git revision (each row names where its figure before came "
+        "from)")
+    assert not (tmp_path / "r.parquet").exists()
+    bare = _run("--history")
+    assert bare.returncode == 1 and "name the table with --record" in bare.stderr
