@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 from xml.etree.ElementTree import Element
 
 import html5lib
+
+if TYPE_CHECKING:
+    from kernelboard.sitegen.load import SiteData
 
 
 def html_pages(site: Path) -> dict[str, Path]:
@@ -57,3 +61,14 @@ def check_internal_links(site: Path, pages: Mapping[str, Path], *, allow_externa
                     assert parts.fragment in ids[key], f"{rel}: {url!r}: no id {parts.fragment!r} in {key}"
                 checked += 1
     return checked
+
+
+
+def methodology_section(data: SiteData, section_id: str) -> Element:
+    """One section of the methodology page rendered from `data` alone, without building the site."""
+    from kernelboard.sitegen.pages import plan
+    from kernelboard.sitegen.render import _render, _site, make_env
+
+    page = next(p for p in plan(data) if p.kind == "methodology")
+    doc = html5lib.parse(_render(make_env(), page, _site(data, None), None), namespaceHTMLElements=False)
+    return next(s for s in doc.iter("section") if s.get("id") == section_id)

@@ -8,19 +8,16 @@ import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 
-import html5lib
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from site_pages import text
+from site_pages import methodology_section, text
 
 from kernelboard.errors import DataError
 from kernelboard.eval import regrades
 from kernelboard.sitegen.format import pct
 from kernelboard.sitegen.load import SiteData, load_site
-from kernelboard.sitegen.pages import plan
 from kernelboard.sitegen.regraded import regraded
-from kernelboard.sitegen.render import _render, _site, make_env
 
 REPO = Path(__file__).resolve().parents[1]
 #: A shape the GPU's span set in both gradings that moved by more than this is a finding (a kernel whose time
@@ -112,9 +109,7 @@ def test_a_regrades_table_that_breaks_the_contract_is_one_line_naming_it(tmp_pat
 
 
 def _section(data: SiteData):
-    page = next(p for p in plan(data) if p.kind == "methodology")
-    doc = html5lib.parse(_render(make_env(), page, _site(data, None), None), namespaceHTMLElements=False)
-    return next(s for s in doc.iter("section") if s.get("id") == "regraded")
+    return methodology_section(data, "regraded")
 
 
 def test_the_section_gives_the_figures(committed: SiteData) -> None:

@@ -6,14 +6,11 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import html5lib
 import pytest
-from site_pages import text
+from site_pages import methodology_section, text
 
 from kernelboard.sitegen.board import STATUS_LABELS
 from kernelboard.sitegen.load import IMPORTED_SUFFIX, SiteData, load_site
-from kernelboard.sitegen.pages import plan
-from kernelboard.sitegen.render import _render, _site, make_env
 from kernelboard.sitegen.reproduced import reproduced
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,9 +24,7 @@ def committed() -> SiteData:
 
 
 def _section(data: SiteData):
-    page = next(p for p in plan(data) if p.kind == "methodology")
-    doc = html5lib.parse(_render(make_env(), page, _site(data, None), None), namespaceHTMLElements=False)
-    return next(s for s in doc.iter("section") if s.get("id") == "reproduced")
+    return methodology_section(data, "reproduced")
 
 
 def test_committed_pairs_are_our_own_sm90_gradings(committed: SiteData) -> None:
