@@ -177,6 +177,10 @@ def eval_merge(sources: tuple[Path, ...], into: Path, skip: tuple[str, ...]) -> 
         if report["shapes"]["removed"]:
             counts += f"; {report['shapes']['removed']} shape rows removed (their run's result has none)"
         click.echo(f"{src} -> {into}: {counts}")
+        if report["results"]["replaced"]:
+            click.echo(f"{report['results']['replaced']} results replaced by later gradings: before committing, "
+                       "`bench/regrade_compare.py --gpu GPU --old HEAD --record data/regrades.parquet` says how "
+                       "their figures moved and keeps the ones replaced (the methodology page's \"Graded again\")")
     for (gpu, bench, problem), count in sorted(problems_on_boards(into).items()):
         if (gpu, bench, problem) not in before:
             click.echo(f"{gpu}: {problem} joins its {bench} board with {count} result{'s' * (count != 1)}; every AI "

@@ -146,6 +146,7 @@ def test_cli_reports_counts_and_refuses_a_folder_into_itself(folders: tuple[Path
     ok = runner.invoke(main, ["eval", "merge", str(src), "--into", str(dst)])
     assert ok.exit_code == 0, ok.output
     assert f"results 1 added, 1 replaced, {_all_results() - 2} kept" in ok.output
+    assert "1 results replaced by later gradings: before committing, `bench/regrade_compare.py" in ok.output
     same = runner.invoke(main, ["eval", "merge", str(dst), "--into", str(dst)])
     assert same.exit_code == 2 and "into itself" in same.output and "Traceback" not in same.output
 
