@@ -301,7 +301,8 @@ class SiteData:
     hardware: dict[str, Hardware]
     problems: dict[tuple[str, str], Problem]  # (bench, problem name) -> deck problem
     solutions: dict[str, str]  # run_id -> solution.py text, for runs that have one
-    table_files: dict[str, Path]  # "data/results/<gpu>/<table>.parquet" -> the file, offered for download
+    #: "data/results/<gpu>/<table>.parquet" (and "data/regrades.parquet", every GPU's) -> the file, offered for download
+    table_files: dict[str, Path]
     #: run_id -> audit verdict, from DATA/annotations (only runs that are in the tables)
     annotations: dict[str, Annotation] = dataclasses.field(default_factory=dict)
     #: run_id -> the other files of its submission folder, by name (only runs with a solution.py)
@@ -395,6 +396,7 @@ def load_site(data_dir: Path, decks_dir: Path) -> SiteData:
         sidecars=_read_sidecars(data_dir / "submissions", runs, solutions),
         table_files={**{f"data/results/{p.parent.name}/{p.name}": p
                         for p in sorted(results_dir.glob("*/*.parquet")) if p.stem in TABLES},
+                     **{f"data/{p.name}": p for p in [data_dir / "regrades.parquet"] if p.is_file()},
                      **_log_files(results_dir, results)},
         annotations={k: v for k, v in load_annotations(data_dir / "annotations").items() if k in runs},
         readme=_read_readme(data_dir / "README.md"),

@@ -338,6 +338,10 @@ def data_page(data: SiteData) -> dict[str, Any]:
     }
 
 
+#: The downloads page's GPU key of a table that spans every GPU (data/regrades.parquet).
+EVERY_GPU = "all"
+
+
 def downloads(data: SiteData, exports: Exports) -> dict[str, Any]:
     """The downloads page: every table as Parquet, CSV and JSON with row counts and sizes; the sizes of
     the CSV and JSON are those of `exports` (made here if the build has not made them yet)."""
@@ -347,15 +351,17 @@ def downloads(data: SiteData, exports: Exports) -> dict[str, Any]:
         if not rel.endswith(".parquet"):
             continue
         meta = pq.read_metadata(path)
-        gpu, table = rel.split("/")[-2], Path(rel).stem
+        gpu, table = (rel.split("/")[-2] if rel.count("/") > 1 else EVERY_GPU), Path(rel).stem
         stem = rel.removesuffix(".parquet")
         files = [DownloadFile("Parquet", rel, path.stat().st_size)]
         files += [DownloadFile(fmt, f"{stem}.{ext}", len(made[f"{stem}.{ext}"]))
                   for fmt, ext in (("CSV", "csv"), ("JSON", "json")) if f"{stem}.{ext}" in made]
-        label = gpu_label(data, gpu) if gpu == CPU_KEY or gpu in data.hardware else gpu
+        known = gpu == CPU_KEY or gpu in data.hardware
+        label = "every GPU" if gpu == EVERY_GPU else gpu_label(data, gpu) if known else gpu
         tables.append(DownloadTable(gpu, label,
                                     table, meta.num_rows, meta.num_columns, tuple(files)))
-    order = {g: i for i, g in enumerate(tab_gpu_order({t.gpu for t in tables}, measured_gpus(data.results)))}
+    order = {g: i for i, g in enumerate([*tab_gpu_order({t.gpu for t in tables} - {EVERY_GPU},
+                                                        measured_gpus(data.results)), EVERY_GPU])}
     tables.sort(key=lambda t: (order[t.gpu], t.table))
     logs = sorted(k for k in data.table_files if not k.endswith(".parquet"))
     return {

@@ -127,3 +127,15 @@ def test_the_section_gives_the_figures(committed: SiteData) -> None:
     for move in g.largest:
         assert move.run_id in said
     assert "No pass has been graded again yet." in text(_section(dataclasses.replace(committed, regrades=())))
+
+
+def test_the_downloads_page_offers_the_regrades_table_for_every_gpu_last(committed: SiteData) -> None:
+    from kernelboard.sitegen.exports import Exports
+    from kernelboard.sitegen.views_meta import EVERY_GPU, downloads
+
+    tables = downloads(committed, Exports(committed.table_files))["tables"]
+    last = tables[-1]
+    assert (last.gpu, last.label, last.table, last.rows) == (EVERY_GPU, "every GPU", "regrades",
+                                                             len(committed.regrades))
+    assert [f.path for f in last.files] == ["data/regrades.parquet", "data/regrades.csv", "data/regrades.json"]
+    assert all(t.gpu != EVERY_GPU for t in tables[:-1])
