@@ -5,8 +5,8 @@ from `eval.settings` (the torch-free module that `timing`, `judge`, `audit`, `sc
 import them from), the datasheet peaks from `eval.hardware`, the per-problem rules from the loaded
 decks, the measured peaks from the hardware table, the ranking rule from `board` and the table of
 verdicts that differ from the original grader's from `agreement`, the verdicts of one kernel on two of our
-GPUs from `reproduced`. Nothing here is copied by hand, and
-nothing imports torch.
+GPUs from `reproduced`, how far a figure moves when graded again from `regraded`. Nothing here is copied by
+hand, and nothing imports torch.
 
 The downloads page lists every table as Parquet (copied as graded) plus the CSV and JSON that the
 build's export step (`exports.Exports`) writes into the site from the same Parquet files; it reads
