@@ -57,9 +57,9 @@ make -s .venv-eval/bin/python PYTHON=python3 >/dev/null || exit 1
 if [ -n "${TRITON_AHEAD:-}" ]; then
   CACHE_ROOT=${KERNELBOARD_CACHE:-$HOME/.cache/kernelboard}
   mkdir -p "$CACHE_ROOT"
-  for a in $TRITON_AHEAD; do  # unpacked only where this host's Triton keys its variants alike (check-ahead says)
-    .venv-eval/bin/kernelboard eval check-ahead "$a" && tar -C "$CACHE_ROOT" -xzf "$a" --exclude triton-ahead.json \
-      && echo "Triton compiled ahead: $a ($(tar -tzf "$a" | cut -d/ -f1 | sort -u | grep -vc '\.json$') solutions) into $CACHE_ROOT"
+  for a in $TRITON_AHEAD; do  # unpacked only where this host's Triton keys its variants alike (as check-ahead
+    # says), each variant's group file pointed at its new folder (Triton finds a variant by those paths alone)
+    KERNELBOARD_CACHE=$CACHE_ROOT .venv-eval/bin/kernelboard eval unpack-ahead "$a"
   done
 fi
 # Whether candidate code will run as root here (grader 0.5.21 drops it where the grader is root; a line

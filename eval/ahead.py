@@ -7,7 +7,7 @@ compiles for a target it is told, with no GPU (`triton_compile_only.py`), so tho
 here, for as long as they take, into the per-solution caches the grader uses (`sandbox.cache_dir`,
 keyed by the solution's hash), and be carried to the GPU host as one archive of their `triton/`
 folders: `kernelboard eval compile-ahead … --out triton-ahead.tgz` here, then on the GPU host
-`tar -C ~/.cache/kernelboard -xzf triton-ahead.tgz` before `kernelboard eval` (`bench/gpu_session.sh`
+`kernelboard eval unpack-ahead triton-ahead.tgz` before `kernelboard eval` (`bench/gpu_session.sh`
 does it with `TRITON_AHEAD=`). Each grading's log then counts those variants among the ones "found
 built before", and 0 "built while grading" where the cache keys matched.
 
@@ -19,6 +19,12 @@ therefore carries `triton-ahead.json`, the fingerprint of the Triton that compil
 which part differs; compile-ahead must run under the grading host's Python ABI and Triton build
 (`bench/ahead_env.sh` makes one: pyenv's CPython 3.12 with PyPI's triton 3.6.0 fingerprinted exactly as the
 H200 image's Triton did on 2026-12-07).
+
+An archive is unpacked with `kernelboard eval unpack-ahead` (`unpack_archive`), never with tar alone: Triton
+finds a cached variant through its group file, whose paths are absolute, the folder it was compiled in, so
+every archive made here before 2026-12-07 was found by no grading (its variants compiled again on the GPU
+host, for MiniMax-M3 07 215424 through three whole H100 calls); unpack-ahead points them at their new folder,
+and the same prebuild here then found all 5 of that kernel's variants in 0.4 s where compiling them took 594 s.
 
 Only Triton's cache travels: a torch extension built here would be built against this host's torch,
 which need not be the grader's, so the prebuild here refuses torch's JIT builds (`prebuild.py`
@@ -136,6 +142,36 @@ def check_archive(archive: Path, python: str = sys.executable) -> tuple[int, lis
             and isinstance(manifest.get("arch"), str)):
         raise UsageError(f"{archive}: its {MANIFEST} has no 'arch' and 'fingerprint' (expected compile-ahead's)")
     return variants, fingerprint_differences(manifest["fingerprint"], fingerprint(manifest["arch"], python))
+
+
+GROUP_PREFIX = "__grp__"  # Triton's cache: a variant's group file, naming its files by absolute path
+
+
+def unpack_archive(archive: Path, cache_root: Path) -> tuple[int, int]:
+    """Unpack a compile-ahead or keep-ahead `archive` into the grader's cache root and point each variant's
+    group file at the files beside it; returns (variants, solutions).
+
+    Why the second step: Triton finds a cached variant through its group file (`__grp__<kernel>.json`), whose
+    `child_paths` are the absolute paths the files had where they were compiled, and it takes a variant as
+    cached only where its metadata file exists at that path (`FileCacheManager.get_group`). An archive made
+    here under a temporary cache root (`compile-ahead`) so named folders that exist on no GPU host, and no
+    grading found its variants, however well their keys matched: MiniMax-M3 07 215424's prebuild compiled
+    its prefill kernels again beside three H100 calls on 2026-12-07 with the archive unpacked, and did so
+    here too until the group files were pointed at their folder."""
+    cache_root.mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(archive) as tar:
+            members = [m for m in tar.getmembers() if m.name != MANIFEST]
+            tar.extractall(cache_root, members=members, filter="data")
+    except (OSError, tarfile.TarError) as exc:
+        raise UsageError(f"{archive}: cannot unpack into {cache_root} ({exc})") from None
+    folders = {Path(m.name).parent for m in members if m.isfile() and Path(m.name).name.startswith(GROUP_PREFIX)}
+    for folder in sorted(folders):
+        for group in (cache_root / folder).glob(f"{GROUP_PREFIX}*.json"):
+            data = json.loads(group.read_text())
+            data["child_paths"] = {name: str(group.parent / name) for name in data.get("child_paths", {})}
+            group.write_text(json.dumps(data))
+    return len(folders), len({Path(m.name).parts[0] for m in members if len(Path(m.name).parts) > 1})
 
 
 def has_triton(sub: Submission) -> bool:

@@ -61,10 +61,15 @@ def cutlass_line() -> str:
     return f"[grader] CUTLASS: {found.describe()} (on CPATH and CPLUS_INCLUDE_PATH)"
 
 
+def cache_root() -> Path:
+    """Where every solution's compile caches live: $KERNELBOARD_CACHE, else ~/.cache/kernelboard."""
+    return Path(os.environ.get("KERNELBOARD_CACHE", Path.home() / ".cache" / "kernelboard"))
+
+
 def cache_dir(cache_key: str) -> Path:
     """The compile caches of one solution (keyed by its hash): the one folder outside its scratch
     copy that its sandbox may write."""
-    return Path(os.environ.get("KERNELBOARD_CACHE", Path.home() / ".cache" / "kernelboard")) / cache_key
+    return cache_root() / cache_key
 
 
 def built_kernels(cache_key: str, folder: Path | None = None) -> tuple[frozenset[Path], frozenset[Path]]:

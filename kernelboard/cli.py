@@ -255,8 +255,9 @@ def eval_compile_ahead(deck: Path, submissions: Path, only: tuple[str, ...], exc
                        interrupted: Path | None, arch: str, jobs: int, limit_s: float, out: Path) -> None:
     """Compile submissions' Triton kernels for the grading GPU here, with no GPU, for the GPU host's cache.
 
-    Unpack the archive into the GPU host's cache root (KERNELBOARD_CACHE, default ~/.cache/kernelboard)
-    before `kernelboard eval`: a kernel whose compile outlasts a GPU call is then graded in seconds.
+    Unpack the archive on the GPU host with `kernelboard eval unpack-ahead` (into KERNELBOARD_CACHE, default
+    ~/.cache/kernelboard) before `kernelboard eval`: a kernel whose compile outlasts a GPU call is then graded
+    in seconds.
     Torch extensions are not built here (they are bound to the grading host's torch).
     """
     from kernelboard.eval.ahead import compile_ahead, interrupted_runs
@@ -309,6 +310,36 @@ def eval_check_ahead(archive: Path) -> None:
         raise click.ClickException(f"{archive}: none of its {variants} Triton kernel variants would be found here "
                                    f"(their cache keys differ: {'; '.join(differences)})")
     click.echo(f"{archive}: {variants} Triton kernel variants, keyed as this host's Triton keys them")
+
+
+@eval.command("unpack-ahead")
+@click.argument("archives", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--cache", "cache_root", type=_DIR, default=None,
+              help="The grader's cache root  [default: $KERNELBOARD_CACHE, else ~/.cache/kernelboard].")
+@_os_errors_are_one_line
+def eval_unpack_ahead(archives: tuple[Path, ...], cache_root: Path | None) -> None:
+    """Unpack compile-ahead or keep-ahead ARCHIVES into the grader's cache, where its gradings find them.
+
+    Each is checked first as check-ahead checks it (one whose cache keys cannot match here is skipped, and
+    the command exits 1), then unpacked with each variant's group file pointed at its new folder: Triton
+    finds a cached variant only through the absolute paths its group file names.
+    """
+    from kernelboard.eval.ahead import check_archive, unpack_archive
+    from kernelboard.eval.sandbox import cache_root as default_root
+
+    root = cache_root if cache_root is not None else default_root()
+    refused = []
+    for archive in archives:
+        variants, differences = check_archive(archive)
+        if differences:
+            refused.append(f"{archive}: not unpacked: none of its {variants} Triton kernel variants would be found "
+                           f"here (their cache keys differ: {'; '.join(differences)})")
+            continue
+        found, solutions = unpack_archive(archive, root)
+        click.echo(f"{archive}: {found} Triton kernel variants of {solutions} solutions into {root}, each group "
+                   "file pointed there")
+    if refused:
+        raise click.ClickException("\n".join(refused))
 
 
 # ---------------------------------------------------------------------------------------- site

@@ -74,6 +74,30 @@ def test_only_triton_caches_travel_under_each_solutions_hash(tmp_path: Path, mon
     assert metadata and {m["target"]["arch"] for m in metadata} == {90}
     assert not list(out.parent.glob(".*.part"))
     assert os.environ["TORCH_CUDA_ARCH_LIST"] == "12.0" and os.environ.get("KERNELBOARD_CACHE") == cache_root
+    _found_by_triton_once_unpacked(out, tmp_path / "gpu-host", sha[PUBLISHED.name], monkeypatch)
+
+
+def _found_by_triton_once_unpacked(archive: Path, root: Path, sha: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton's own cache lookup finds every variant of `archive` under the cache root `unpack-ahead` put it in,
+    and none where the archive is only untarred: its group files name the folder it was compiled in."""
+    from triton.runtime.cache import FileCacheManager
+
+    def found(cache: Path) -> list[bool]:
+        monkeypatch.setenv("TRITON_CACHE_DIR", str(cache / sha / "triton"))
+        hits = []
+        for group in sorted((cache / sha / "triton").glob("*/__grp__*.json")):
+            metadata = group.name.removeprefix("__grp__")
+            hits.append(metadata in (FileCacheManager(group.parent.name).get_group(metadata) or {}))
+        return hits
+
+    with tarfile.open(archive) as tar:
+        tar.extractall(root / "untarred", members=[m for m in tar.getmembers() if m.name != MANIFEST], filter="data")
+    assert found(root / "untarred") and not any(found(root / "untarred"))  # what every GPU host got before 2026-12-07
+    unpacked = CliRunner().invoke(cli, ["eval", "unpack-ahead", str(archive), "--cache", str(root / "unpacked")])
+    assert unpacked.exit_code == 0, unpacked.output
+    hits = found(root / "unpacked")
+    assert hits and all(hits)
+    assert f"{len(hits)} Triton kernel variants of 1 solutions into {root / 'unpacked'}" in unpacked.output
 
 
 def _archive(path: Path, manifest: dict[str, object] | None) -> Path:
@@ -103,6 +127,11 @@ def test_check_ahead_names_what_keeps_an_archives_keys_from_matching(tmp_path: P
     assert "none of its 1 Triton kernel variants would be found here" in moved.output
     assert f"Python ABI: cp399 there, {here['python']} here" in moved.output
     assert "Triton's own files (libtriton)" in moved.output and "ptxas" not in moved.output
+    refused = runner.invoke(cli, ["eval", "unpack-ahead", str(tmp_path / "other.tgz"), str(tmp_path / "same.tgz"),
+                                  "--cache", str(tmp_path / "cache")])
+    assert refused.exit_code == 1 and "other.tgz: not unpacked: none of its 1 Triton kernel" in refused.output
+    assert "same.tgz: 0 Triton kernel variants of 1 solutions into" in refused.output  # the one that matches
+    assert (tmp_path / "cache" / "abc123" / "triton" / "KEY" / "kernel.cubin").is_file()
     old = runner.invoke(cli, ["eval", "check-ahead", str(_archive(tmp_path / "old.tgz", None))])
     assert old.exit_code == 1 and "no triton-ahead.json" in old.output
     odd = runner.invoke(cli, ["eval", "check-ahead", str(_archive(tmp_path / "odd.tgz", {"runs": {}}))])
