@@ -5,7 +5,7 @@ Why: a regrade replaces a run's row (`eval merge`), so once merged the figure it
 change or another host moves speedups; a reader of the board should know by how much, and the note that
 merges a regrade says it with this command's figures. Each run graded in both, by another grader or at
 another time, is one line: its speedup over torch.compile before and after, their ratio, and how many of its
-shapes the grading host set (`regrade_seed.host_set`: timed synchronised, or covered at the host's floor)
+shapes the grading host set (`regrades.set_by`: timed synchronised, or covered at the host's floor)
 before and after. A verdict that changed is listed apart: that is a finding, not noise.
 
     .venv/bin/python bench/regrade_compare.py --gpu h100-sxm --old HEAD~1 --new data/results
@@ -22,7 +22,6 @@ from typing import Any
 
 import click
 import pyarrow.parquet as pq
-from regrade_seed import host_set  # bench/ is this script's sys.path[0]
 
 from kernelboard.eval import regrades
 from kernelboard.eval.tables import read_table, table_path
@@ -49,20 +48,10 @@ def _spread(ratios: list[float]) -> str:
             f"least {ratios[0]:.3f}, most {ratios[-1]:.3f}")
 
 
-def shape_ratios(old: Path, new: Path, gpu: str) -> tuple[list[float], list[float]]:
-    """Each shape's median after ÷ before, for the passes graded again (`regrades.pairs`): (the shapes the GPU's
-    own span set in both gradings, the shapes the host set in either). The first is what a regrade should
-    reproduce."""
-    rows = regrades.pairs(_tables(old, gpu), _tables(new, gpu), gpu, "")
-    by_gpu: list[float] = []
-    by_host: list[float] = []
-    for r in rows:
-        both = r["before_set_by"] == r["after_set_by"] == "gpu"
-        (by_gpu if both else by_host).append(r["after_median_ms"] / r["before_median_ms"])
-    return by_gpu, by_host
+Tables = tuple[list[dict[str, Any]], list[dict[str, Any]]]  # a GPU's (results, shapes) rows
 
 
-def _tables(results: Path, gpu: str, checked: bool = True) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _tables(results: Path, gpu: str, checked: bool = True) -> Tables:
     return _rows(results, gpu, "results", checked), _rows(results, gpu, "shapes", checked)
 
 
@@ -70,22 +59,22 @@ def _host_set_counts(shapes: list[dict[str, Any]]) -> dict[str, tuple[int, int]]
     """run id -> (shapes covered at the host's floor, shapes timed synchronised)."""
     counts: dict[str, list[int]] = {}
     for shape in shapes:
-        how = host_set(shape)
+        how = regrades.set_by(shape)
         tally = counts.setdefault(shape["run_id"], [0, 0])
-        if how is not None:
+        if how in ("floor", "synchronised"):
             tally[0 if how == "floor" else 1] += 1
     return {run_id: (floor, sync) for run_id, (floor, sync) in counts.items()}
 
 
-def compare(old: Path, new: Path, gpu: str) -> list[str]:
-    """The report's lines: one per run graded in both folders by another grader or at another time, then the
-    summary of the speedups' ratios (new over old) of the runs that passed in both."""
-    before = {r["run_id"]: r for r in _rows(old, gpu, "results")}
-    after = {r["run_id"]: r for r in _rows(new, gpu, "results")}
-    hosts_before, hosts_after = _host_set_counts(_rows(old, gpu, "shapes")), _host_set_counts(_rows(new, gpu, "shapes"))
-    again = sorted((run_id for run_id, row in after.items() if run_id in before
-                    and (row["grader_version"], row["graded_at"]) != (before[run_id]["grader_version"],
-                                                                      before[run_id]["graded_at"])),
+def compare(old: Tables, new: Tables, gpu: str, shapes: list[dict[str, Any]]) -> list[str]:
+    """The report's lines: one per run graded in both (results, shapes) tables by another grader or at another
+    time, then the summary of the speedups' ratios (new over old) of the runs that passed in both, and of
+    `shapes` (`regrades.pairs` of the two), split by what set each figure."""
+    before = {r["run_id"]: r for r in old[0]}
+    after = {r["run_id"]: r for r in new[0]}
+    hosts_before, hosts_after = _host_set_counts(old[1]), _host_set_counts(new[1])
+    again = sorted((run_id for run_id, row in after.items()
+                    if run_id in before and regrades.graded_again(before[run_id], row)),
                    key=lambda run_id: (run_id.split("_", 4)[-1], run_id))
     lines, ratios, changed, passed = [], [], [], set()
     for run_id in again:
@@ -115,8 +104,12 @@ def compare(old: Path, new: Path, gpu: str) -> list[str]:
                      f"down by more than {MOVED:.0%}: {sum(r < 1 - MOVED for r in ratios)}")
         lines.append(f"shapes the host set: at its floor {floor_shapes[0]} -> {floor_shapes[1]}, "
                      f"synchronised {sync_shapes[0]} -> {sync_shapes[1]}")
-        for label, sample in zip(("set by the GPU's span in both", "set by the host in either"),
-                                 shape_ratios(old, new, gpu), strict=True):
+        samples: dict[bool, list[float]] = {True: [], False: []}  # set by the GPU's span both times, or not
+        for r in shapes:
+            both_gpu = r["before_set_by"] == r["after_set_by"] == "gpu"
+            samples[both_gpu].append(r["after_median_ms"] / r["before_median_ms"])
+        for label, sample in (("set by the GPU's span in both", samples[True]),
+                              ("set by the host in either", samples[False])):
             if sample:
                 lines.append(f"shape medians after / before, {label}, {_spread(sample)}")
     return lines
@@ -157,7 +150,7 @@ def history(gpu: str) -> list[dict[str, Any]]:
     revisions = subprocess.run(["git", "log", "--format=%H", "--reverse", "--", relative], cwd=REPO,
                                capture_output=True, text=True, check=True).stdout.split()
     rows: list[dict[str, Any]] = []
-    before: tuple[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] | None = None
+    before: tuple[str, Tables] | None = None
     for revision in revisions:
         if not _committed(revision, gpu):
             before = None
@@ -192,11 +185,11 @@ def main(gpu: str, old: str | None, new: Path, record_to: Path | None, whole_his
             sys.exit("regrade_compare: --record needs --old to be a git revision (each row names where its "
                      "figure before came from)")
         with tempfile.TemporaryDirectory(prefix="regrade-compare-") as tmp:
-            before = Path(old) if Path(old).is_dir() else _at_revision(old, gpu, Path(tmp))
-            for line in compare(before, new, gpu):
-                print(line)
-            rows = [] if record_to is None else regrades.pairs(_tables(before, gpu), _tables(new, gpu), gpu,
-                                                                _revision(old))
+            before = _tables(Path(old) if Path(old).is_dir() else _at_revision(old, gpu, Path(tmp)), gpu)
+        after = _tables(new, gpu)
+        rows = regrades.pairs(before, after, gpu, "" if record_to is None else _revision(old))
+        for line in compare(before, after, gpu, rows):
+            print(line)
     if record_to is not None:
         added, total = regrades.record(record_to, rows)
         print(f"{record_to}: {added} shapes graded again added, {total} in all")

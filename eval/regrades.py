@@ -59,15 +59,18 @@ def set_by(shape: Mapping[str, Any]) -> str | None:
     return "floor" if shape["median_ms"] > FLOOR_MARGIN * span else "gpu"
 
 
+def graded_again(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+    """Whether two results rows of one run are two gradings (another grader, or another time)."""
+    return (before["grader_version"], before["graded_at"]) != (after["grader_version"], after["graded_at"])
+
+
 def pairs(before: tuple[list[dict], list[dict]], after: tuple[list[dict], list[dict]], gpu: str,
           before_commit: str) -> list[dict[str, Any]]:
     """The rows for every shape of a run that passed in both (results, shapes) tables of `gpu`, graded again in
-    between (another grader or another time)."""
+    between (`graded_again`)."""
     old = {r["run_id"]: r for r in before[0]}
     again = {r["run_id"]: (old[r["run_id"]], r) for r in after[0] if r["run_id"] in old and r.get("grader_version")
-             and old[r["run_id"]]["status"] == r["status"] == "pass"
-             and (r["grader_version"], r["graded_at"]) != (old[r["run_id"]]["grader_version"],
-                                                           old[r["run_id"]]["graded_at"])}
+             and old[r["run_id"]]["status"] == r["status"] == "pass" and graded_again(old[r["run_id"]], r)}
     old_shapes = {(s["run_id"], s["shape_idx"]): s for s in before[1] if s["run_id"] in again}
     rows = []
     for shape in after[1]:

@@ -59,6 +59,11 @@ class Move:
         return self.after_ms / self.before_ms
 
     @property
+    def size(self) -> float:
+        """How far it moved, either way: |log(after ÷ before)|."""
+        return abs(math.log(self.ratio))
+
+    @property
     def set_by_gpu(self) -> bool:
         return self.before_set_by == self.after_set_by == "gpu"
 
@@ -88,11 +93,9 @@ def regraded(data: SiteData) -> Regraded:
         gpus.append(GpuRegrades(gpu, len({m.run_id for m in mine}),
                                 Spread.of([m.ratio for m in mine if m.set_by_gpu]),
                                 Spread.of([m.ratio for m in mine if not m.set_by_gpu])))
-    def size(m: Move) -> float:
-        return abs(math.log(m.ratio))
     by_gpu = [m for m in moves if m.set_by_gpu]
-    return Regraded(tuple(gpus), tuple(sorted(moves, key=size, reverse=True)[:LARGEST]),
-                    max(by_gpu, key=size) if by_gpu else None)
+    return Regraded(tuple(gpus), tuple(sorted(moves, key=lambda m: m.size, reverse=True)[:LARGEST]),
+                    max(by_gpu, key=lambda m: m.size) if by_gpu else None)
 
 
 def _move(row: dict[str, Any], linked: bool) -> Move:

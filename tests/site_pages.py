@@ -63,7 +63,6 @@ def check_internal_links(site: Path, pages: Mapping[str, Path], *, allow_externa
     return checked
 
 
-
 def methodology_section(data: SiteData, section_id: str) -> Element:
     """One section of the methodology page rendered from `data` alone, without building the site."""
     from kernelboard.sitegen.pages import plan
